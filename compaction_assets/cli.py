@@ -1,0 +1,189 @@
+"""The `compaction-assets` command. Every subcommand reads compaction.yaml ($COMPACTION_CONFIG)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from dataclasses import asdict
+
+import click
+
+from compaction_assets.config import load_config
+from compaction_assets.engine import Engine, PartitionOutcome
+from compaction_assets.errors import CompactionError
+
+
+def _engine(ctx: click.Context) -> Engine:
+    if "engine" not in ctx.obj:
+        ctx.obj["engine"] = Engine(load_config(ctx.obj["config"]))
+    return ctx.obj["engine"]
+
+
+class _Group(click.Group):
+    """Turn expected errors into one clear line on stderr and exit code 2."""
+
+    def invoke(self, ctx: click.Context):  # noqa: ANN201 - click's signature
+        try:
+            return super().invoke(ctx)
+        except CompactionError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+
+
+@click.group(cls=_Group)
+@click.option("--config", "config", envvar="COMPACTION_CONFIG", help="compaction.yaml (default ./compaction.yaml)")
+@click.option("-v", "--verbose", is_flag=True, help="log progress to stderr")
+@click.pass_context
+def main(ctx: click.Context, config: str | None, verbose: bool) -> None:
+    """Continuous small-file compaction for Apache Iceberg tables."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(message)s")
+    logging.getLogger("compaction_assets").setLevel(logging.INFO)
+    ctx.obj = {"config": config}
+
+
+@main.command()
+@click.argument("table")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@click.pass_context
+def plan(ctx: click.Context, table: str, as_json: bool) -> None:
+    """Show what compaction would do to TABLE, partition by partition."""
+    tplan = _engine(ctx).plan(table)
+    if as_json:
+        doc = {
+            "table": table,
+            "snapshot_id": tplan.snapshot_id,
+            "policy": asdict(tplan.policy),
+            "partitions": [
+                {
+                    "partition": p.partition_key,
+                    "kind": p.kind,
+                    "reason": p.reason,
+                    "benefit": round(p.benefit, 4),
+                    "stats": asdict(p.stats),
+                    "groups": [{"files": len(g.paths), "bytes": g.bytes} for g in p.groups],
+                }
+                for p in tplan.partitions
+            ],
+        }
+        click.echo(json.dumps(doc, indent=2))
+        return
+    policy = tplan.policy
+    click.echo(
+        f"{table} @ snapshot {tplan.snapshot_id}: target {policy.target_file_size_bytes} B, "
+        f"fragment <= {policy.fragment_max_bytes} B, undersized < {policy.undersized_below_bytes} B, "
+        f"min_input_files {policy.min_input_files}"
+    )
+    click.echo(f"{'partition':32} {'files':>6} {'bytes':>12} {'frag':>5} {'under':>5}  plan")
+    for p in tplan.partitions:
+        s = p.stats
+        what = (
+            f"{p.kind}: {p.input_files} files in {len(p.groups)} group(s), benefit {p.benefit:.2f}"
+            if p.worth_compacting
+            else f"nothing: {p.reason}"
+        )
+        click.echo(
+            f"{p.partition_key or '(unpartitioned)':32} {s.data_files:>6} {s.data_bytes:>12} "
+            f"{s.fragments:>5} {s.undersized:>5}  {what}"
+        )
+    click.echo(f"{len(tplan.to_compact)} of {len(tplan.partitions)} partition(s) to compact")
+
+
+@main.command()
+@click.argument("table")
+@click.option("--partition", default=None, help="only this partition (Iceberg partition path, e.g. region=eu)")
+@click.option("--task-id", default=None, help="task id to record (default: a new one per partition)")
+@click.pass_context
+def compact(ctx: click.Context, table: str, partition: str | None, task_id: str | None) -> None:
+    """Compact TABLE (or one partition of it): the same code path as the Dagster asset."""
+    outcomes = _engine(ctx).compact(table, partition=partition, task_id=task_id)
+    _print_outcomes(outcomes)
+    if not all(o.ok for o in outcomes):
+        sys.exit(1)
+
+
+@main.command()
+@click.pass_context
+def recover(ctx: click.Context) -> None:
+    """Finish or undo every attempt a crash left open (PREPARED, dead EXECUTING)."""
+    report = _engine(ctx).recover()
+    click.echo(
+        f"recovered {report.handled} attempt(s): {len(report.confirmed)} confirmed committed, "
+        f"{len(report.recommitted)} recommitted, {len(report.rolled_back)} rolled back, "
+        f"{len(report.abandoned)} abandoned"
+    )
+    for error in report.errors:
+        click.echo(f"  could not recover {error}", err=True)
+    if report.errors:
+        sys.exit(1)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@click.pass_context
+def status(ctx: click.Context, as_json: bool) -> None:
+    """Compaction tasks by state, and the ones still open."""
+    from compaction_assets.commit.ledger import OPEN
+
+    ledger = _engine(ctx).ledger
+    counts = ledger.counts()
+    open_attempts = ledger.attempts(statuses=OPEN)
+    if as_json:
+        doc = {"tasks_by_state": counts, "open": [_attempt_doc(a) for a in open_attempts]}
+        click.echo(json.dumps(doc, indent=2, default=str))
+        return
+    click.echo("tasks by state: " + (", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none yet"))
+    for a in open_attempts:
+        click.echo(
+            f"  {a.status:10} {a.table_name} [{a.partition_key or '-'}] attempt {a.attempt_id} since {a.created_at}"
+        )
+
+
+@main.command()
+@click.option("--files-per-partition", default=60, show_default=True)
+@click.pass_context
+def demo(ctx: click.Context, files_per_partition: int) -> None:
+    """Create a fragmented demo lake on the configured catalog, then compact every table."""
+    from compaction_assets.demo import create_demo_lake
+    from compaction_assets.lake.catalog import load_table
+    from compaction_assets.lake.digest import rows_digest
+
+    engine = _engine(ctx)
+    written = create_demo_lake(engine.catalog, files_per_partition)
+    click.echo(
+        f"demo lake in catalog '{engine.catalog.name}': " + ", ".join(f"{t} {n} files" for t, n in written.items())
+    )
+    failed = False
+    for name in written:
+        before = rows_digest(load_table(engine.catalog, name))
+        started = time.monotonic()
+        outcomes = engine.compact(name)
+        after = rows_digest(load_table(engine.catalog, name))
+        _print_outcomes(outcomes)
+        same = before == after
+        failed |= not same or not all(o.ok for o in outcomes)
+        click.echo(
+            f"  {name}: {before.rows} rows, content {'identical' if same else 'CHANGED'} "
+            f"({before.sha256[:12]}), {time.monotonic() - started:.1f}s"
+        )
+    if failed:
+        sys.exit(1)
+
+
+def _print_outcomes(outcomes: list[PartitionOutcome]) -> None:
+    for o in outcomes:
+        where = f"{o.table_name} [{o.partition_key or 'unpartitioned'}]"
+        if o.status == "committed":
+            click.echo(
+                f"{where}: committed {o.kind}: {o.files_before} -> {o.files_after} files, "
+                f"{o.bytes_before} -> {o.bytes_after} bytes, {o.rows} rows, {o.groups} group(s), "
+                f"{o.seconds:.1f}s, snapshot {o.snapshot_id}"
+            )
+        else:
+            click.echo(f"{where}: {o.status}: {o.reason}", err=o.status == "failed")
+
+
+def _attempt_doc(a) -> dict:  # noqa: ANN001
+    keep = ("attempt_id", "task_id", "table_name", "partition_key", "kind", "status", "created_at", "reason")
+    return {k: getattr(a, k) for k in keep}

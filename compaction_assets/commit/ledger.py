@@ -1,0 +1,247 @@
+"""The task ledger: one row per task attempt, in any SQL database SQLAlchemy reaches.
+
+Lifecycle: EXECUTING -> PREPARED -> COMMITTED, or FAILED / ROLLED_BACK with a reason. Every
+transition is a conditional UPDATE on the expected status, so a report from a stale attempt
+(superseded by a newer attempt of its task, or already ended) is rejected, never applied.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import socket
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, DateTime, Integer, String, Text, create_engine, event, func, select, update
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from compaction_assets.errors import CompactionError
+
+
+class Status(StrEnum):
+    EXECUTING = "EXECUTING"
+    PREPARED = "PREPARED"
+    COMMITTED = "COMMITTED"
+    FAILED = "FAILED"
+    ROLLED_BACK = "ROLLED_BACK"
+
+
+OPEN = (Status.EXECUTING, Status.PREPARED)
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class _Base(DeclarativeBase):
+    pass
+
+
+class AttemptRow(_Base):
+    __tablename__ = "compaction_attempts"
+
+    attempt_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    task_id: Mapped[str] = mapped_column(String(255), index=True)
+    attempt_number: Mapped[int] = mapped_column(Integer)
+    table_name: Mapped[str] = mapped_column(String(512), index=True)
+    partition_key: Mapped[str] = mapped_column(Text)
+    kind: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    base_snapshot_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    source_files: Mapped[list[str]] = mapped_column(JSON)
+    result_files: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
+    output_dirs: Mapped[list[str]] = mapped_column(JSON)
+    rows_in: Mapped[int] = mapped_column(BigInteger, default=0)
+    bytes_in: Mapped[int] = mapped_column(BigInteger, default=0)
+    rows_out: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    bytes_out: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    committed_snapshot_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+    updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """A detached copy of a ledger row."""
+
+    attempt_id: str
+    task_id: str
+    attempt_number: int
+    table_name: str
+    partition_key: str
+    kind: str
+    status: Status
+    base_snapshot_id: int | None
+    source_files: list[str]
+    result_files: list[dict[str, Any]]
+    output_dirs: list[str]
+    rows_in: int
+    bytes_in: int
+    rows_out: int | None
+    bytes_out: int | None
+    committed_snapshot_id: int | None
+    reason: str | None
+    host: str
+    pid: int
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    finished_at: dt.datetime | None
+
+    @classmethod
+    def _from_row(cls, row: AttemptRow) -> Attempt:
+        values = {name: getattr(row, name) for name in cls.__dataclass_fields__}
+        for name in ("created_at", "updated_at", "finished_at"):  # SQLite drops the zone
+            if values[name] is not None and values[name].tzinfo is None:
+                values[name] = values[name].replace(tzinfo=dt.UTC)
+        return cls(**{**values, "status": Status(row.status)})
+
+
+class StaleAttempt(CompactionError):
+    """A report from an attempt that is not in the state the transition needs (stale or ended)."""
+
+    def __init__(self, attempt_id: str, expected: Iterable[Status], actual: str | None, why: str = "") -> None:
+        self.actual = actual
+        expected_s = "/".join(expected)
+        super().__init__(f"attempt {attempt_id}: expected {expected_s}, found {actual or 'no such attempt'}{why}")
+
+
+class Ledger:
+    """Task attempts and their transitions, in the database at `uri` (created if missing)."""
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+        is_sqlite = uri.startswith("sqlite")
+        self._engine = create_engine(uri, connect_args={"timeout": 30} if is_sqlite else {})
+        if is_sqlite:
+            event.listen(self._engine, "connect", _sqlite_pragmas)
+        _Base.metadata.create_all(self._engine)
+
+    def dispose(self) -> None:
+        self._engine.dispose()
+
+    def begin(
+        self,
+        task_id: str,
+        table_name: str,
+        partition_key: str,
+        kind: str,
+        base_snapshot_id: int | None,
+        source_files: list[str],
+        output_dirs: list[str],
+        rows_in: int,
+        bytes_in: int,
+    ) -> Attempt:
+        """Record a new EXECUTING attempt of `task_id` (attempt numbers count up per task)."""
+        with Session(self._engine) as session, session.begin():
+            last = session.scalar(select(func.max(AttemptRow.attempt_number)).where(AttemptRow.task_id == task_id))
+            now = _now()
+            row = AttemptRow(
+                attempt_id=uuid.uuid4().hex,
+                task_id=task_id,
+                attempt_number=(last or 0) + 1,
+                table_name=table_name,
+                partition_key=partition_key,
+                kind=kind,
+                status=Status.EXECUTING,
+                base_snapshot_id=base_snapshot_id,
+                source_files=source_files,
+                result_files=[],
+                output_dirs=output_dirs,
+                rows_in=rows_in,
+                bytes_in=bytes_in,
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                created_at=now,
+                updated_at=now,
+            )
+            session.add(row)
+            session.flush()
+            return Attempt._from_row(row)
+
+    def prepare(self, attempt_id: str, result_files: list[dict[str, Any]], rows_out: int, bytes_out: int) -> Attempt:
+        """EXECUTING -> PREPARED with the exact result files; only for the task's latest attempt."""
+        with Session(self._engine) as session, session.begin():
+            row = session.get(AttemptRow, attempt_id)
+            if row is not None and row.status == Status.EXECUTING:
+                latest = session.scalar(
+                    select(func.max(AttemptRow.attempt_number)).where(AttemptRow.task_id == row.task_id)
+                )
+                if latest != row.attempt_number:
+                    raise StaleAttempt(
+                        attempt_id, [Status.EXECUTING], row.status, f" (superseded by attempt {latest} of its task)"
+                    )
+        return self._transition(
+            attempt_id,
+            [Status.EXECUTING],
+            Status.PREPARED,
+            result_files=result_files,
+            rows_out=rows_out,
+            bytes_out=bytes_out,
+        )
+
+    def mark_committed(self, attempt_id: str, snapshot_id: int) -> Attempt:
+        return self._transition(attempt_id, [Status.PREPARED], Status.COMMITTED, committed_snapshot_id=snapshot_id)
+
+    def mark_failed(self, attempt_id: str, reason: str) -> Attempt:
+        return self._transition(attempt_id, [Status.EXECUTING], Status.FAILED, reason=reason)
+
+    def mark_rolled_back(self, attempt_id: str, reason: str) -> Attempt:
+        return self._transition(attempt_id, list(OPEN), Status.ROLLED_BACK, reason=reason)
+
+    def get(self, attempt_id: str) -> Attempt | None:
+        with Session(self._engine) as session:
+            row = session.get(AttemptRow, attempt_id)
+            return Attempt._from_row(row) if row else None
+
+    def attempts(
+        self, *, statuses: Iterable[Status] | None = None, table_name: str | None = None, task_id: str | None = None
+    ) -> list[Attempt]:
+        query = select(AttemptRow).order_by(AttemptRow.created_at, AttemptRow.attempt_id)
+        if statuses is not None:
+            query = query.where(AttemptRow.status.in_([str(s) for s in statuses]))
+        if table_name is not None:
+            query = query.where(AttemptRow.table_name == table_name)
+        if task_id is not None:
+            query = query.where(AttemptRow.task_id == task_id)
+        with Session(self._engine) as session:
+            return [Attempt._from_row(r) for r in session.scalars(query)]
+
+    def in_flight_sources(self, table_name: str) -> set[str]:
+        """Source files of the table's open attempts: the planner must not schedule them again."""
+        return {p for a in self.attempts(statuses=OPEN, table_name=table_name) for p in a.source_files}
+
+    def counts(self) -> dict[str, int]:
+        with Session(self._engine) as session:
+            rows = session.execute(select(AttemptRow.status, func.count()).group_by(AttemptRow.status))
+            return {status: n for status, n in rows}
+
+    def _transition(self, attempt_id: str, expected: list[Status], new: Status, **values: Any) -> Attempt:
+        now = _now()
+        finished = {"finished_at": now} if new not in OPEN else {}
+        with Session(self._engine) as session, session.begin():
+            result = session.execute(
+                update(AttemptRow)
+                .where(AttemptRow.attempt_id == attempt_id, AttemptRow.status.in_([str(s) for s in expected]))
+                .values(status=str(new), updated_at=now, **finished, **values)
+            )
+            row = session.get(AttemptRow, attempt_id)
+            if result.rowcount != 1:
+                raise StaleAttempt(attempt_id, expected, row.status if row else None)
+            session.refresh(row)
+            return Attempt._from_row(row)
+
+
+def _sqlite_pragmas(dbapi_connection, _record) -> None:  # noqa: ANN001 - DB-API objects
+    """WAL lets readers (status, the sensor) run while a commit writes; wait instead of failing."""
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.close()

@@ -1,0 +1,93 @@
+"""Two-phase commit of a rewrite.
+
+Precommit (engine): every result file is durable and the ledger row is PREPARED with the exact
+DataFile list. Commit (here): one Iceberg snapshot that deletes the sources and adds the results,
+tagged with the task and attempt ids, made only if every source is still live; then COMMITTED.
+A commit that gives way deletes the attempt's own files and ends ROLLED_BACK.
+"""
+
+from __future__ import annotations
+
+from pyiceberg.exceptions import CommitFailedException, ValidationException
+from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Snapshot
+
+from compaction_assets.commit.ledger import Attempt, Ledger
+from compaction_assets.errors import BackOff
+from compaction_assets.faults import crash_point
+from compaction_assets.lake.datafile_codec import datafile_from_json
+from compaction_assets.lake.files import live_data_files_by_path
+from compaction_assets.lake.storage import delete_files, files_with_prefix
+
+TASK_ID_PROPERTY = "compaction.task-id"
+ATTEMPT_ID_PROPERTY = "compaction.attempt-id"
+
+
+def commit_snapshot(table: Table, attempt: Attempt) -> Snapshot | None:
+    """The snapshot this attempt committed, if any (found by its summary properties)."""
+    for snapshot in table.metadata.snapshots:
+        summary = snapshot.summary
+        if (
+            summary is not None
+            and summary[TASK_ID_PROPERTY] == attempt.task_id
+            and summary[ATTEMPT_ID_PROPERTY] == attempt.attempt_id
+        ):
+            return snapshot
+    return None
+
+
+def commit_prepared(table: Table, ledger: Ledger, attempt: Attempt) -> Attempt:
+    """Swap sources for results in one snapshot; raises BackOff (after rolling back) if it cannot."""
+    live = live_data_files_by_path(table)
+    missing = [p for p in attempt.source_files if p not in live]
+    if missing:
+        raise roll_back(
+            table,
+            ledger,
+            attempt,
+            f"{len(missing)} of {len(attempt.source_files)} source file(s) are no longer live "
+            f"(e.g. {missing[0]}): a concurrent change replaced them",
+        )
+    properties = {TASK_ID_PROPERTY: attempt.task_id, ATTEMPT_ID_PROPERTY: attempt.attempt_id}
+    txn = table.transaction()
+    try:
+        with txn.update_snapshot(snapshot_properties=properties).overwrite() as overwrite:
+            for path in attempt.source_files:
+                overwrite.delete_data_file(live[path])
+            for doc in attempt.result_files:
+                overwrite.append_data_file(datafile_from_json(doc))
+        txn.commit_transaction()
+    except (CommitFailedException, ValidationException) as exc:
+        # Both guarantee the snapshot did not land, so deleting our files is safe.
+        raise roll_back(table, ledger, attempt, f"commit gave way to a concurrent change: {exc}") from exc
+    crash_point("after_iceberg_commit")
+    return confirm_committed(table, ledger, attempt)
+
+
+def confirm_committed(table: Table, ledger: Ledger, attempt: Attempt) -> Attempt:
+    """Mark COMMITTED from the snapshot that carries the attempt, and sweep its stray files."""
+    snapshot = commit_snapshot(table, attempt)
+    if snapshot is None:
+        raise RuntimeError(f"attempt {attempt.attempt_id}: no snapshot of table {attempt.table_name} carries it")
+    committed = ledger.mark_committed(attempt.attempt_id, snapshot.snapshot_id)
+    sweep_untracked(table, attempt, keep={d["file_path"] for d in attempt.result_files})
+    return committed
+
+
+def roll_back(table: Table, ledger: Ledger, attempt: Attempt, reason: str) -> BackOff:
+    """Delete everything the attempt wrote, mark it ROLLED_BACK; returns the BackOff to raise."""
+    sweep_untracked(table, attempt, keep=set())
+    ledger.mark_rolled_back(attempt.attempt_id, reason)
+    return BackOff(f"{attempt.table_name} [{attempt.partition_key or 'unpartitioned'}]: backed off: {reason}")
+
+
+def abandon(table: Table, ledger: Ledger, attempt: Attempt, reason: str) -> Attempt:
+    """An EXECUTING attempt that will never finish: delete what it wrote, mark it FAILED."""
+    sweep_untracked(table, attempt, keep=set())
+    return ledger.mark_failed(attempt.attempt_id, reason)
+
+
+def sweep_untracked(table: Table, attempt: Attempt, keep: set[str]) -> int:
+    """Delete files named after this attempt in its output folders, except those in `keep`."""
+    written = [p for d in attempt.output_dirs for p in files_with_prefix(d, attempt.attempt_id)]
+    return delete_files(table.io, table.location(), [p for p in written if p not in keep])

@@ -1,0 +1,168 @@
+"""Load and validate compaction.yaml.
+
+The file says which catalog to manage, where the task ledger lives, how to reach Spark, which
+queues exist and which tables map to them with which policy. Every mistake (unknown key, wrong
+type, negative size, undeclared queue) is reported with the key's path and the file's name.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from compaction_assets.errors import ConfigError
+
+CONFIG_ENV = "COMPACTION_CONFIG"
+DEFAULT_CONFIG_NAME = "compaction.yaml"
+
+PositiveInt = Annotated[int, Field(gt=0)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PolicyConfig(_Strict):
+    """Per-table thresholds (Amoro-style, Iceberg names). Unset fields fall back to defaults."""
+
+    target_file_size_bytes: PositiveInt | None = None
+    fragment_ratio: PositiveInt | None = None
+    min_target_size_ratio: Annotated[float, Field(gt=0, le=1)] | None = None
+    min_input_files: Annotated[int, Field(ge=2)] | None = None
+    max_group_bytes: PositiveInt | None = None
+
+
+class CatalogConfig(_Strict):
+    name: str = "lake"
+    properties: dict[str, str] = Field(default_factory=dict)
+
+
+class StateConfig(_Strict):
+    uri: str | None = None
+    executing_timeout_seconds: PositiveInt = 3600
+
+
+class SparkConfig(_Strict):
+    mode: Literal["local", "connect"] = "local"
+    master: str = "local[*]"
+    remote: str = "sc://localhost:15002"
+    conf: dict[str, str] = Field(default_factory=dict)
+
+
+class QueueConfig(_Strict):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")]
+    max_concurrent_runs: PositiveInt = 1
+    capacity: PositiveInt = 100
+
+
+class TableRule(_Strict):
+    match: str
+    queue: str = "default"
+    priority: int = 0
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    upstream: list[str] = Field(default_factory=list)
+
+
+class CompactionConfig(_Strict):
+    catalog: CatalogConfig = Field(default_factory=CatalogConfig)
+    state: StateConfig = Field(default_factory=StateConfig)
+    spark: SparkConfig = Field(default_factory=SparkConfig)
+    queues: list[QueueConfig] = Field(default_factory=lambda: [QueueConfig(name="default")])
+    tables: list[TableRule] = Field(default_factory=lambda: [TableRule(match="*")])
+    source: str = Field(default="<defaults>", exclude=True)
+
+    @model_validator(mode="after")
+    def _queues_are_declared(self) -> CompactionConfig:
+        names = [q.name for q in self.queues]
+        if len(set(names)) != len(names):
+            raise ValueError(f"queues: duplicate queue names in {names}")
+        for i, rule in enumerate(self.tables):
+            if rule.queue not in names:
+                raise ValueError(f"tables.{i}.queue: queue '{rule.queue}' is not declared under queues ({names})")
+        return self
+
+    def rule_for(self, table_name: str) -> TableRule | None:
+        """The first `tables:` rule whose pattern matches "namespace.table", or None (unmanaged)."""
+        return next((r for r in self.tables if fnmatch.fnmatchcase(table_name, r.match)), None)
+
+    def queue(self, name: str) -> QueueConfig:
+        return next(q for q in self.queues if q.name == name)
+
+    @property
+    def state_uri(self) -> str:
+        """The ledger's SQLAlchemy URI; by default a SQLite file beside a SQLite catalog."""
+        if self.state.uri:
+            return self.state.uri
+        catalog_uri = self.catalog.properties.get("uri", "")
+        if catalog_uri.startswith("sqlite:///"):
+            folder = Path(catalog_uri.removeprefix("sqlite:///")).parent
+            return f"sqlite:///{folder / 'compaction_state.db'}"
+        raise ConfigError(f"{self.source}: state.uri is required when the catalog is not a SQLite SQL catalog")
+
+
+def config_path(path: str | os.PathLike[str] | None = None) -> Path:
+    """The config file to use: an explicit path, else $COMPACTION_CONFIG, else ./compaction.yaml."""
+    return Path(path or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG_NAME).resolve()
+
+
+def load_config(path: str | os.PathLike[str] | None = None) -> CompactionConfig:
+    """Read, resolve relative paths in, and validate a compaction.yaml."""
+    file = config_path(path)
+    try:
+        raw = yaml.safe_load(file.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"{file}: config file not found (set {CONFIG_ENV} or pass --config)") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{file}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{file}: the top level must be a mapping, got {type(raw).__name__}")
+    return parse_config(raw, base_dir=file.parent, source=str(file))
+
+
+def parse_config(raw: dict[str, Any], base_dir: Path, source: str = "<inline>") -> CompactionConfig:
+    """Validate a config mapping; relative paths resolve against `base_dir`."""
+    try:
+        cfg = CompactionConfig.model_validate({**raw, "source": source})
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(exc, source)) from None
+    catalog_props = {k: _resolve_path_value(k, v, base_dir) for k, v in cfg.catalog.properties.items()}
+    state_uri = _resolve_path_value("uri", cfg.state.uri, base_dir) if cfg.state.uri else None
+    return cfg.model_copy(
+        update={
+            "catalog": cfg.catalog.model_copy(update={"properties": catalog_props}),
+            "state": cfg.state.model_copy(update={"uri": state_uri}),
+        }
+    )
+
+
+def _format_validation_error(exc: ValidationError, source: str) -> str:
+    lines = [f"{source}: invalid compaction config"]
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "<top level>"
+        if err["type"] == "extra_forbidden":
+            lines.append(f"  {key}: unknown key")
+        else:
+            msg = err["msg"].removeprefix("Value error, ")
+            lines.append(f"  {key}: {msg} (got {err.get('input')!r})")
+    return "\n".join(lines)
+
+
+_SQLITE = re.compile(r"^(sqlite(?:\+\w+)?:///)(?!/)(.+)$")
+
+
+def _resolve_path_value(key: str, value: str, base_dir: Path) -> str:
+    """Make relative sqlite URIs and local warehouse paths absolute against the config's folder."""
+    if m := _SQLITE.match(value):
+        return f"{m.group(1)}{(base_dir / m.group(2)).resolve()}"
+    if key == "warehouse":
+        if value.startswith("file://") and not value.startswith("file:///"):
+            return f"file://{(base_dir / value.removeprefix('file://')).resolve()}"
+        if "://" not in value:
+            return f"file://{(base_dir / value).resolve()}"
+    return value

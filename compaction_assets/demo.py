@@ -1,0 +1,142 @@
+"""A fragmented demo lake on the embedded default: what streaming writers leave behind."""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+from collections.abc import Iterable
+
+import pyarrow as pa
+from pyiceberg.catalog import Catalog
+from pyiceberg.io.pyarrow import _dataframe_to_data_files
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table
+from pyiceberg.transforms import DayTransform, IdentityTransform
+from pyiceberg.types import DoubleType, LongType, NestedField, StringType, TimestampType
+
+DEMO_TABLES = ("demo.events", "sales.orders", "demo.metrics", "demo.users")
+
+
+def append_fragments(table: Table, batches: Iterable[pa.Table]) -> int:
+    """Write each micro-batch as its own small file(s) and commit them all in one append.
+
+    The same files a streaming writer leaves, without paying one catalog commit per batch.
+    """
+    with table.transaction() as txn, txn.update_snapshot().fast_append() as append:
+        added = 0
+        for batch in batches:
+            for data_file in _dataframe_to_data_files(txn.table_metadata, batch, table.io):
+                append.append_data_file(data_file)
+                added += 1
+    return added
+
+
+def create_demo_lake(catalog: Catalog, files_per_partition: int = 60, seed: int = 7) -> dict[str, int]:
+    """(Re)create the demo tables; returns files written per table."""
+    rng = random.Random(seed)
+    for name in DEMO_TABLES:
+        namespace = name.split(".")[0]
+        catalog.create_namespace_if_not_exists(namespace)
+        if catalog.table_exists(name):
+            catalog.purge_table(name)
+    written = {
+        "demo.events": _events(catalog, files_per_partition, rng),
+        "sales.orders": _orders(catalog, files_per_partition, rng),
+        "demo.metrics": _metrics(catalog, files_per_partition, rng),
+        "demo.users": _users(catalog, files_per_partition, rng),
+    }
+    return written
+
+
+def _events(catalog: Catalog, n: int, rng: random.Random) -> int:
+    schema = Schema(
+        NestedField(1, "event_id", LongType(), required=False),
+        NestedField(2, "ts", TimestampType(), required=False),
+        NestedField(3, "kind", StringType(), required=False),
+        NestedField(4, "value", DoubleType(), required=False),
+    )
+    spec = PartitionSpec(PartitionField(source_id=2, field_id=1000, transform=DayTransform(), name="ts_day"))
+    table = catalog.create_table("demo.events", schema=schema, partition_spec=spec)
+    start = dt.datetime(2024, 1, 1)
+    batches = []
+    for i in range(3 * n):
+        day = start + dt.timedelta(days=i % 3)
+        ts = [day + dt.timedelta(seconds=rng.randrange(86400)) for _ in range(50)]
+        batches.append(
+            pa.table(
+                {
+                    "event_id": pa.array(range(i * 50, i * 50 + 50), pa.int64()),
+                    "ts": pa.array(ts, pa.timestamp("us")),
+                    "kind": [rng.choice(["click", "view", "buy"]) for _ in range(50)],
+                    "value": [rng.random() for _ in range(50)],
+                }
+            )
+        )
+    return append_fragments(table, batches)
+
+
+def _orders(catalog: Catalog, n: int, rng: random.Random) -> int:
+    schema = Schema(
+        NestedField(1, "order_id", LongType(), required=False),
+        NestedField(2, "region", StringType(), required=False),
+        NestedField(3, "amount", DoubleType(), required=False),
+    )
+    spec = PartitionSpec(PartitionField(source_id=2, field_id=1000, transform=IdentityTransform(), name="region"))
+    table = catalog.create_table("sales.orders", schema=schema, partition_spec=spec)
+    regions = ["eu", "us", "apac"]
+    batches = [
+        pa.table(
+            {
+                "order_id": pa.array(range(i * 40, i * 40 + 40), pa.int64()),
+                "region": [regions[i % 3]] * 40,
+                "amount": [round(rng.uniform(1, 500), 2) for _ in range(40)],
+            }
+        )
+        for i in range(3 * n)
+    ]
+    return append_fragments(table, batches)
+
+
+def _metrics(catalog: Catalog, n: int, rng: random.Random) -> int:
+    schema = Schema(
+        NestedField(1, "metric", StringType(), required=False),
+        NestedField(2, "value", DoubleType(), required=False),
+    )
+    table = catalog.create_table("demo.metrics", schema=schema)
+    batches = [
+        pa.table({"metric": [f"m{rng.randrange(20)}" for _ in range(30)], "value": [rng.random() for _ in range(30)]})
+        for _ in range(n)
+    ]
+    return append_fragments(table, batches)
+
+
+def _users(catalog: Catalog, n: int, rng: random.Random) -> int:
+    """Half the files written before `name` was renamed to `full_name` and `email` was added."""
+    schema = Schema(
+        NestedField(1, "user_id", LongType(), required=False),
+        NestedField(2, "name", StringType(), required=False),
+    )
+    table = catalog.create_table("demo.users", schema=schema)
+    half = n // 2
+    before = [
+        pa.table(
+            {"user_id": pa.array(range(i * 20, i * 20 + 20), pa.int64()), "name": [f"user{i}-{j}" for j in range(20)]}
+        )
+        for i in range(half)
+    ]
+    written = append_fragments(table, before)
+    with table.update_schema() as update:
+        update.rename_column("name", "full_name")
+        update.add_column("email", StringType())
+    after = [
+        pa.table(
+            {
+                "user_id": pa.array(range(i * 20, i * 20 + 20), pa.int64()),
+                "full_name": [f"user{i}-{j}" for j in range(20)],
+                "email": [f"u{i}.{j}@example.com" for j in range(20)],
+            }
+        )
+        for i in range(half, n)
+    ]
+    return written + append_fragments(table, after)

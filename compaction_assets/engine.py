@@ -1,0 +1,325 @@
+"""The compaction engine: plan a table, rewrite its fragmented partitions on Spark, commit in two
+phases. The CLI and the Dagster assets both call `Engine.compact`; nothing here imports Dagster.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pyiceberg.catalog import Catalog
+from pyiceberg.table import Table
+from pyiceberg.table.locations import load_location_provider
+from pyiceberg.table.sorting import SortDirection
+from pyiceberg.transforms import DayTransform, HourTransform, IdentityTransform, MonthTransform, YearTransform
+from pyspark.sql import SparkSession
+
+from compaction_assets.commit.ledger import Attempt, Ledger, StaleAttempt
+from compaction_assets.commit.recovery import RecoveryReport, recover
+from compaction_assets.commit.two_phase import abandon, commit_prepared
+from compaction_assets.config import CompactionConfig
+from compaction_assets.errors import BackOff, CompactionError
+from compaction_assets.execution.rewrite import run_rewrite
+from compaction_assets.execution.spark import spark_session
+from compaction_assets.execution.worker import GroupOutcome, GroupSpec, RewriteJob, SourceFile
+from compaction_assets.faults import crash_point
+from compaction_assets.lake.catalog import load_table, open_catalog
+from compaction_assets.lake.datafile_codec import datafile_to_json, encode_partition
+from compaction_assets.lake.files import LiveFile, live_files
+from compaction_assets.planning.planner import Kind, PartitionPlan, plan_table
+from compaction_assets.planning.policy import Policy, resolve_policy
+
+log = logging.getLogger("compaction_assets")
+
+_MONOTONIC = (IdentityTransform, YearTransform, MonthTransform, DayTransform, HourTransform)
+
+
+@dataclass(frozen=True)
+class TablePlan:
+    table_name: str
+    snapshot_id: int | None
+    policy: Policy
+    partitions: list[PartitionPlan]
+
+    @property
+    def to_compact(self) -> list[PartitionPlan]:
+        return [p for p in self.partitions if p.worth_compacting]
+
+
+@dataclass
+class PartitionOutcome:
+    """What happened to one partition; what the CLI prints and the Dagster asset reports."""
+
+    table_name: str
+    partition_key: str
+    status: str  # committed | skipped | failed | backed_off
+    reason: str
+    kind: str | None = None
+    task_id: str | None = None
+    attempt_id: str | None = None
+    snapshot_id: int | None = None
+    files_before: int = 0
+    files_after: int = 0
+    bytes_before: int = 0
+    bytes_after: int = 0
+    files_rewritten: int = 0
+    bytes_rewritten: int = 0
+    files_written: int = 0
+    rows: int = 0
+    groups: int = 0
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ("committed", "skipped", "backed_off")
+
+    @property
+    def mb_per_s(self) -> float:
+        """Rewrite throughput: source bytes read per second."""
+        return self.bytes_rewritten / 1e6 / self.seconds if self.seconds else 0.0
+
+
+@dataclass
+class _Work:
+    plan: PartitionPlan
+    attempt: Attempt
+    groups: list[int] = field(default_factory=list)
+
+
+class Engine:
+    """Compaction for the tables of one compaction.yaml."""
+
+    def __init__(
+        self,
+        config: CompactionConfig,
+        catalog: Catalog | None = None,
+        ledger: Ledger | None = None,
+        spark: Callable[[], SparkSession] | None = None,
+    ) -> None:
+        self.config = config
+        self.catalog = catalog or open_catalog(config.catalog)
+        self.ledger = ledger or Ledger(config.state_uri)
+        self._spark_factory = spark or (lambda: spark_session(config.spark))
+
+    def policy(self, table: Table, table_name: str) -> Policy:
+        rule = self.config.rule_for(table_name)
+        if rule is None:
+            raise CompactionError(f"table '{table_name}' matches no `tables:` rule in {self.config.source}")
+        return resolve_policy(table_name, rule.policy, table.properties)
+
+    def plan(self, table_name: str, partition: str | None = None) -> TablePlan:
+        return self._plan(load_table(self.catalog, table_name), table_name, partition)[0]
+
+    def compact(
+        self, table_name: str, partition: str | None = None, task_id: str | None = None
+    ) -> list[PartitionOutcome]:
+        """Compact every partition worth it (or only `partition`); one task attempt per partition."""
+        started = time.monotonic()
+        table = load_table(self.catalog, table_name)
+        tplan, files = self._plan(table, table_name, partition)
+        outcomes = [_skipped(table_name, p) for p in tplan.partitions if not p.worth_compacting]
+        todo = tplan.to_compact
+        if not todo:
+            return outcomes
+        log.info(
+            "%s: compacting %d partition(s): %s", table_name, len(todo), ", ".join(p.partition_key or "-" for p in todo)
+        )
+        crash_point("after_plan")
+        work, job = self._begin(table, table_name, tplan, files, todo, task_id)
+        try:
+            results = run_rewrite(self._spark_factory(), job)
+        except Exception as exc:
+            message = _first_line(exc)
+            for item in work:
+                abandon(table, self.ledger, item.attempt, f"rewrite job failed: {message}")
+            raise CompactionError(f"{table_name}: rewrite job failed: {message}") from exc
+        crash_point("after_rewrite")
+        for item in work:
+            outcomes.append(self._finish(table, item, [results[i] for i in item.groups], started))
+        return outcomes
+
+    def recover(self) -> RecoveryReport:
+        return recover(self.catalog, self.ledger, self.config.state.executing_timeout_seconds)
+
+    def _plan(self, table: Table, table_name: str, partition: str | None) -> tuple[TablePlan, dict[str, LiveFile]]:
+        policy = self.policy(table, table_name)
+        files = live_files(table)
+        plans = plan_table(files, policy, table.spec().spec_id, self.ledger.in_flight_sources(table_name))
+        if partition is not None:
+            known = sorted(p.partition_key for p in plans)
+            plans = [p for p in plans if p.partition_key == partition]
+            if not plans:
+                raise CompactionError(
+                    f"table '{table_name}' has no partition '{partition}' (known: {', '.join(known)})"
+                )
+        snapshot = table.current_snapshot()
+        tplan = TablePlan(table_name, snapshot.snapshot_id if snapshot else None, policy, plans)
+        return tplan, {f.path: f for f in files}
+
+    def _begin(
+        self,
+        table: Table,
+        table_name: str,
+        tplan: TablePlan,
+        files: dict[str, LiveFile],
+        todo: list[PartitionPlan],
+        task_id: str | None,
+    ) -> tuple[list[_Work], RewriteJob]:
+        data_path = load_location_provider(table.location(), table.properties).data_path
+        work: list[_Work] = []
+        groups: list[GroupSpec] = []
+        for plan in todo:
+            out_dir = f"{data_path}/{plan.partition_key}" if plan.partition_key else data_path
+            attempt = self.ledger.begin(
+                task_id=_task_id(task_id, plan, len(todo)),
+                table_name=table_name,
+                partition_key=plan.partition_key,
+                kind=str(plan.kind),
+                base_snapshot_id=tplan.snapshot_id,
+                source_files=plan.source_paths,
+                output_dirs=[out_dir],
+                rows_in=sum(g.records for g in plan.groups),
+                bytes_in=plan.input_bytes,
+            )
+            item = _Work(plan, attempt)
+            for group in plan.groups:
+                first = files[group.paths[0]].data_file
+                item.groups.append(len(groups))
+                groups.append(
+                    GroupSpec(
+                        sources=[SourceFile(p, files[p].size, files[p].record_count) for p in group.paths],
+                        partition=encode_partition(first.partition),
+                        spec_id=first.spec_id,
+                        output_dir=out_dir,
+                        file_prefix=attempt.attempt_id,
+                    )
+                )
+            work.append(item)
+        sort = any(p.kind == Kind.MAJOR for p in todo)
+        job = RewriteJob(
+            metadata_json=_slim_metadata_json(table),
+            io_properties=dict(table.io.properties),
+            target_file_size_bytes=tplan.policy.target_file_size_bytes,
+            groups=groups,
+            sort_columns=_sort_columns(table) if sort else [],
+        )
+        return work, job
+
+    def _finish(self, table: Table, item: _Work, results: list[GroupOutcome], started: float) -> PartitionOutcome:
+        plan, attempt = item.plan, item.attempt
+        outcome = PartitionOutcome(
+            table_name=attempt.table_name,
+            partition_key=plan.partition_key,
+            status="failed",
+            reason="",
+            kind=str(plan.kind),
+            task_id=attempt.task_id,
+            attempt_id=attempt.attempt_id,
+            files_before=plan.stats.data_files,
+            bytes_before=plan.stats.data_bytes,
+            files_rewritten=plan.input_files,
+            bytes_rewritten=plan.input_bytes,
+            rows=attempt.rows_in,
+            groups=len(plan.groups),
+        )
+        errors = [r.error for r in results if r.error]
+        written = [f for r in results for f in r.data_files]
+        try:
+            if errors:
+                abandon(table, self.ledger, attempt, errors[0])
+                outcome.reason = errors[0]
+                return outcome
+            rows_out = sum(f.record_count for f in written)
+            if rows_out != attempt.rows_in:
+                reason = f"row count mismatch: read {attempt.rows_in} rows, wrote {rows_out}"
+                abandon(table, self.ledger, attempt, reason)
+                outcome.reason = reason
+                return outcome
+            bytes_out = sum(f.file_size_in_bytes for f in written)
+            prepared = self.ledger.prepare(
+                attempt.attempt_id, [datafile_to_json(f) for f in written], rows_out, bytes_out
+            )
+            crash_point("after_prepare")
+            committed = commit_prepared(table, self.ledger, prepared)
+        except BackOff as exc:
+            outcome.status, outcome.reason = "backed_off", str(exc)
+            return outcome
+        except StaleAttempt as exc:
+            abandon(table, self.ledger, attempt, f"stale: {exc}")
+            outcome.reason = str(exc)
+            return outcome
+        finally:
+            outcome.seconds = time.monotonic() - started
+        outcome.status = "committed"
+        outcome.reason = f"{plan.input_files} file(s) -> {len(written)} file(s)"
+        outcome.snapshot_id = committed.committed_snapshot_id
+        outcome.files_written = len(written)
+        outcome.files_after = plan.stats.data_files - plan.input_files + len(written)
+        outcome.bytes_after = plan.stats.data_bytes - plan.input_bytes + bytes_out
+        log.info(
+            "%s [%s]: committed snapshot %s: %s in %.1fs",
+            attempt.table_name,
+            plan.partition_key or "-",
+            outcome.snapshot_id,
+            outcome.reason,
+            outcome.seconds,
+        )
+        return outcome
+
+
+def _skipped(table_name: str, plan: PartitionPlan) -> PartitionOutcome:
+    stats = plan.stats
+    return PartitionOutcome(
+        table_name=table_name,
+        partition_key=plan.partition_key,
+        status="skipped",
+        reason=plan.reason,
+        files_before=stats.data_files,
+        files_after=stats.data_files,
+        bytes_before=stats.data_bytes,
+        bytes_after=stats.data_bytes,
+        rows=stats.records,
+    )
+
+
+def _task_id(task_id: str | None, plan: PartitionPlan, partitions: int) -> str:
+    if task_id is None:
+        return uuid.uuid4().hex
+    return task_id if partitions == 1 else f"{task_id}:{plan.partition_key}"
+
+
+def _slim_metadata_json(table: Table) -> str:
+    """Table metadata without snapshot history: workers need schema, specs and properties only."""
+    slim = table.metadata.model_copy(
+        update={
+            "snapshots": [],
+            "snapshot_log": [],
+            "metadata_log": [],
+            "refs": {},
+            "current_snapshot_id": None,
+            "statistics": [],
+            "partition_statistics": [],
+        }
+    )
+    return slim.model_dump_json()
+
+
+def _sort_columns(table: Table) -> list[tuple[str, str]]:
+    """The table's sort order as pyarrow sort keys, up to the first non-monotonic transform."""
+    keys: list[tuple[str, str]] = []
+    for sort_field in table.sort_order().fields:
+        if not isinstance(sort_field.transform, _MONOTONIC):
+            break
+        name = table.schema().find_column_name(sort_field.source_id)
+        if name is None or "." in name:
+            break
+        keys.append((name, "ascending" if sort_field.direction == SortDirection.ASC else "descending"))
+    return keys
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:500]

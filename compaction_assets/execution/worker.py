@@ -1,0 +1,290 @@
+"""What runs inside a Spark Python worker: rewrite one file group into target-size Iceberg files.
+
+Reading goes through pyiceberg's ArrowScan, so every source file is projected onto the current
+table schema by Iceberg field id (renamed columns keep their values, added columns read as
+null, promoted types are cast). Writing goes through pyiceberg's Parquet writer, so result files
+carry field ids and the column statistics pyiceberg computes. Both stream record batches:
+memory is bounded by one row-group buffer, not by the size of the group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg.expressions import AlwaysTrue
+from pyiceberg.io import FileIO, OutputFile, OutputStream, load_file_io
+from pyiceberg.io.fileformat import FileFormatFactory, FileFormatWriter
+from pyiceberg.io.pyarrow import ArrowScan, _to_requested_schema
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.schema import sanitize_column_names
+from pyiceberg.table import FileScanTask
+from pyiceberg.table.metadata import TableMetadata, TableMetadataUtil
+from pyiceberg.typedef import Record
+
+from compaction_assets.errors import InputFileError
+from compaction_assets.lake.datafile_codec import datafile_from_json, datafile_to_json, decode_partition
+
+MiB = 1024 * 1024
+MAX_BUFFER_BYTES = 64 * MiB  # Arrow bytes buffered before a row group is written
+RESULT_SCHEMA = "group INT, data_files STRING, error STRING, rows_read BIGINT, bytes_read BIGINT"
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    path: str
+    size: int
+    records: int
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """One Spark task's work: sources of one partition, where and how to name the results."""
+
+    sources: list[SourceFile]
+    partition: list  # encoded partition values (datafile_codec)
+    spec_id: int
+    output_dir: str
+    file_prefix: str  # the attempt id: every file this group writes starts with it
+
+
+@dataclass(frozen=True)
+class RewriteJob:
+    """Everything a worker needs; serialised into the Spark closure as JSON."""
+
+    metadata_json: str
+    io_properties: dict[str, str]
+    target_file_size_bytes: int
+    groups: list[GroupSpec]
+    sort_columns: list[tuple[str, str]] = field(default_factory=list)  # (column, ascending|descending)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @staticmethod
+    def from_json(raw: str) -> RewriteJob:
+        doc = json.loads(raw)
+        doc["groups"] = [GroupSpec(**{**g, "sources": [SourceFile(**s) for s in g["sources"]]}) for g in doc["groups"]]
+        doc["sort_columns"] = [tuple(c) for c in doc["sort_columns"]]
+        return RewriteJob(**doc)
+
+
+@dataclass
+class GroupOutcome:
+    group: int
+    data_files: list[DataFile]
+    error: str | None
+    rows_read: int
+    bytes_read: int
+
+
+def rewrite_partition_batches(job_json: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """mapInArrow entry point: each input row is a group index; one output row per group."""
+    job = RewriteJob.from_json(job_json)
+    for batch in batches:
+        for index in batch.column(0).to_pylist():
+            outcome = rewrite_group(job, index)
+            yield pa.RecordBatch.from_pylist(
+                [
+                    {
+                        "group": index,
+                        "data_files": json.dumps([datafile_to_json(f) for f in outcome.data_files]),
+                        "error": outcome.error,
+                        "rows_read": outcome.rows_read,
+                        "bytes_read": outcome.bytes_read,
+                    }
+                ],
+                schema=_RESULT_ARROW_SCHEMA,
+            )
+
+
+_RESULT_ARROW_SCHEMA = pa.schema(
+    [
+        ("group", pa.int32()),
+        ("data_files", pa.string()),
+        ("error", pa.string()),
+        ("rows_read", pa.int64()),
+        ("bytes_read", pa.int64()),
+    ]
+)
+
+
+def outcome_from_row(row: dict) -> GroupOutcome:
+    return GroupOutcome(
+        group=row["group"],
+        data_files=[datafile_from_json(d) for d in json.loads(row["data_files"])],
+        error=row["error"],
+        rows_read=row["rows_read"],
+        bytes_read=row["bytes_read"],
+    )
+
+
+def rewrite_group(job: RewriteJob, index: int) -> GroupOutcome:
+    """Rewrite group `index`; on any failure, delete what it wrote and report the error as data."""
+    spec = job.groups[index]
+    metadata = TableMetadataUtil.parse_raw(job.metadata_json)
+    io = load_file_io(job.io_properties, metadata.location)
+    partition = decode_partition(spec.partition)
+    writer = RollingWriter(io, metadata, partition, spec, job.target_file_size_bytes, index)
+    rows = 0
+    try:
+        batches = _read_sources(metadata, io, spec, partition)
+        if job.sort_columns:
+            batches = _sorted(batches, job.sort_columns)
+        for batch in batches:
+            rows += batch.num_rows
+            writer.write(batch)
+        return GroupOutcome(index, writer.close(), None, rows, sum(s.size for s in spec.sources))
+    except Exception as exc:  # reported to the driver, which fails the attempt with this message
+        writer.abort()
+        return GroupOutcome(index, [], str(exc) if isinstance(exc, InputFileError) else repr(exc), rows, 0)
+
+
+def _read_sources(metadata: TableMetadata, io: FileIO, spec: GroupSpec, partition: Record) -> Iterator[pa.RecordBatch]:
+    scan = ArrowScan(metadata, io, metadata.schema(), AlwaysTrue())
+    for source in spec.sources:
+        data_file = DataFile.from_args(
+            content=DataFileContent.DATA,
+            file_path=source.path,
+            file_format=FileFormat.PARQUET,
+            partition=partition,
+            record_count=source.records,
+            file_size_in_bytes=source.size,
+        )
+        data_file.spec_id = spec.spec_id
+        read = 0
+        try:
+            # The generator behind ArrowScan.to_record_batches, without its whole-file materialisation.
+            for batch in scan._record_batches_from_scan_tasks_and_deletes([FileScanTask(data_file)], {}):
+                read += batch.num_rows
+                yield batch
+        except Exception as exc:
+            raise InputFileError(f"cannot read data file {source.path}: {type(exc).__name__}: {exc}") from exc
+        if read != source.records:
+            raise InputFileError(
+                f"data file {source.path} has {read} rows but its manifest entry says {source.records}"
+            )
+
+
+def _sorted(batches: Iterator[pa.RecordBatch], sort_columns: list[tuple[str, str]]) -> Iterator[pa.RecordBatch]:
+    """Sort a whole group (major compaction of a sorted table); bounded by max_group_bytes."""
+    table = pa.Table.from_batches(list(batches))
+    if table.num_rows == 0:
+        return iter(())
+    return iter(table.take(pc.sort_indices(table, sort_keys=sort_columns)).to_batches())
+
+
+class _TrackedOutput(OutputFile):
+    """An OutputFile that keeps the stream it opens, so the writer's progress can be read."""
+
+    def __init__(self, inner: OutputFile) -> None:
+        super().__init__(inner.location)
+        self._inner = inner
+        self.stream: OutputStream | None = None
+
+    def __len__(self) -> int:
+        return len(self._inner)
+
+    def exists(self) -> bool:
+        return self._inner.exists()
+
+    def to_input_file(self):  # noqa: ANN201 - pyiceberg's own signature
+        return self._inner.to_input_file()
+
+    def create(self, overwrite: bool = False) -> OutputStream:
+        self.stream = self._inner.create(overwrite=overwrite)
+        return self.stream
+
+
+class RollingWriter:
+    """Writes batches into Parquet files of about the target size, starting a new file when full."""
+
+    def __init__(
+        self, io: FileIO, metadata: TableMetadata, partition: Record, spec: GroupSpec, target_bytes: int, index: int
+    ) -> None:
+        self._io = io
+        self._metadata = metadata
+        self._table_schema = metadata.schema()
+        self._file_schema = sanitize_column_names(self._table_schema)
+        self._format = FileFormatFactory.get(FileFormat.PARQUET)
+        self._partition = partition
+        self._spec = spec
+        self._target = target_bytes
+        self._buffer_limit = min(MAX_BUFFER_BYTES, max(MiB, target_bytes))
+        self._name = f"{spec.output_dir.rstrip('/')}/{spec.file_prefix}-{index:05d}"
+        self._buffer: list[pa.RecordBatch] = []
+        self._arrow_schema: pa.Schema | None = None
+        self._buffered = 0
+        self._writer: FileFormatWriter | None = None
+        self._output: _TrackedOutput | None = None
+        self._written: list[DataFile] = []
+        self._opened: list[str] = []
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        if batch.num_rows == 0:
+            return
+        converted = _to_requested_schema(
+            requested_schema=self._file_schema,
+            file_schema=self._table_schema,
+            batch=batch,
+            include_field_ids=True,
+            format_model=self._format,
+        )
+        # Files written before and after a schema change project to different Arrow types
+        # (e.g. string vs large_string); one output file needs one Arrow schema.
+        if self._arrow_schema is None:
+            self._arrow_schema = converted.schema
+        elif converted.schema != self._arrow_schema:
+            converted = converted.cast(self._arrow_schema)
+        self._buffer.append(converted)
+        self._buffered += converted.nbytes
+        if self._buffered >= self._buffer_limit:
+            self._flush()
+
+    def close(self) -> list[DataFile]:
+        self._flush()
+        self._finish_file()
+        return self._written
+
+    def abort(self) -> None:
+        """Delete every file this writer opened (best effort: recovery also sweeps by prefix)."""
+        for path in self._opened:
+            with contextlib.suppress(FileNotFoundError, OSError):
+                self._io.delete(path)
+
+    def _flush(self) -> None:
+        if not self._buffer:
+            return
+        if self._writer is None:
+            path = f"{self._name}-{len(self._opened):05d}.parquet"
+            self._opened.append(path)
+            self._output = _TrackedOutput(self._io.new_output(path))
+            self._writer = self._format.create_writer(self._output, self._file_schema, self._metadata.properties)
+        table = pa.Table.from_batches(self._buffer)
+        self._writer.write(table)
+        self._buffer, self._buffered = [], 0
+        if self._output.stream is not None and self._output.stream.tell() >= self._target:
+            self._finish_file()
+
+    def _finish_file(self) -> None:
+        if self._writer is None:
+            return
+        stats = self._writer.close()
+        data_file = DataFile.from_args(
+            content=DataFileContent.DATA,
+            file_path=self._output.location,
+            file_format=FileFormat.PARQUET,
+            partition=self._partition,
+            file_size_in_bytes=len(self._output),
+            sort_order_id=None,
+            equality_ids=None,
+            key_metadata=None,
+            **stats.to_serialized_dict(),
+        )
+        data_file.spec_id = self._spec.spec_id
+        self._written.append(data_file)
+        self._writer, self._output = None, None

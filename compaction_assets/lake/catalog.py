@@ -1,0 +1,61 @@
+"""Catalog access through pyiceberg: open the configured catalog, load and list managed tables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pyiceberg.catalog import Catalog, load_catalog
+from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+from pyiceberg.table import Table
+
+from compaction_assets.config import CatalogConfig, CompactionConfig
+from compaction_assets.errors import CatalogError
+
+
+class TableNotFound(CatalogError):
+    """The catalog answered, and the table is not in it."""
+
+
+def open_catalog(cfg: CatalogConfig) -> Catalog:
+    """Load the catalog exactly as `pyiceberg.catalog.load_catalog(name, **properties)` would."""
+    _ensure_local_dirs(cfg.properties)
+    try:
+        return load_catalog(cfg.name, **cfg.properties)
+    except Exception as exc:  # pyiceberg raises many types for unreachable/misconfigured catalogs
+        raise CatalogError(f"catalog '{cfg.name}': cannot open it: {exc}") from exc
+
+
+def load_table(catalog: Catalog, name: str) -> Table:
+    """Load "namespace.table", with an error naming the table and the catalog if it is not there."""
+    try:
+        return catalog.load_table(name)
+    except (NoSuchTableError, NoSuchNamespaceError):
+        raise TableNotFound(f"table '{name}' not found in catalog '{catalog.name}'") from None
+    except Exception as exc:
+        raise CatalogError(f"table '{name}': cannot load it from catalog '{catalog.name}': {exc}") from exc
+
+
+def table_name(table: Table) -> str:
+    """The dotted "namespace.table" name the config's `tables:` patterns match."""
+    return ".".join(table.name())
+
+
+def managed_tables(catalog: Catalog, config: CompactionConfig) -> list[str]:
+    """Every table in the catalog whose name matches a `tables:` rule, sorted."""
+    names: list[str] = []
+    pending = list(catalog.list_namespaces())
+    while pending:
+        namespace = pending.pop()
+        names.extend(".".join(ident) for ident in catalog.list_tables(namespace))
+        pending.extend(ns for ns in catalog.list_namespaces(namespace) if ns != namespace)
+    return sorted(n for n in set(names) if config.rule_for(n) is not None)
+
+
+def _ensure_local_dirs(properties: dict[str, str]) -> None:
+    """The embedded default needs its SQLite folder and warehouse folder to exist."""
+    uri = properties.get("uri", "")
+    if uri.startswith("sqlite:///"):
+        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    warehouse = properties.get("warehouse", "")
+    if warehouse.startswith("file://"):
+        Path(warehouse.removeprefix("file://")).mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,46 @@
+"""Listing and deleting files under a table's location, and nowhere else."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from pyarrow import fs as pafs
+from pyiceberg.io import FileIO
+
+from compaction_assets.errors import CompactionError
+
+
+class OutsideTableLocation(CompactionError):
+    """Refused: a path to delete is not inside the table's own location."""
+
+
+def files_with_prefix(directory: str, prefix: str) -> list[str]:
+    """URIs of the files directly in `directory` whose names start with `prefix`."""
+    filesystem, root = pafs.FileSystem.from_uri(directory)
+    scheme = directory.split("://", 1)[0] if "://" in directory else "file"
+    infos = filesystem.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+    return sorted(
+        f"{scheme}://{info.path}"
+        for info in infos
+        if info.type == pafs.FileType.File and info.base_name.startswith(prefix)
+    )
+
+
+def is_inside(path: str, location: str) -> bool:
+    return path.startswith(location.rstrip("/") + "/")
+
+
+def delete_files(io: FileIO, table_location: str, paths: Iterable[str]) -> int:
+    """Delete files of this table; refuses (before deleting any) a path outside its location."""
+    paths = list(paths)
+    outside = [p for p in paths if not is_inside(p, table_location)]
+    if outside:
+        raise OutsideTableLocation(f"refusing to delete {outside[0]}: outside table location {table_location}")
+    deleted = 0
+    for path in paths:
+        try:
+            io.delete(path)
+            deleted += 1
+        except FileNotFoundError:
+            pass
+    return deleted

@@ -1,0 +1,85 @@
+"""A table's effective compaction policy: defaults < compaction.yaml entry < Iceberg table properties."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+
+from compaction_assets.config import PolicyConfig
+from compaction_assets.errors import ConfigError
+
+MiB = 1024 * 1024
+DEFAULT_TARGET_FILE_SIZE = 128 * MiB
+ICEBERG_TARGET_SIZE_PROPERTY = "write.target-file-size-bytes"
+ENABLED_PROPERTY = "compaction.enabled"
+
+
+@dataclass(frozen=True)
+class Policy:
+    target_file_size_bytes: int = DEFAULT_TARGET_FILE_SIZE
+    fragment_ratio: int = 8
+    min_target_size_ratio: float = 0.75
+    min_input_files: int = 5
+    max_group_bytes: int = 10 * 1024 * MiB
+    enabled: bool = True
+
+    @property
+    def fragment_max_bytes(self) -> int:
+        """A file of at most this size is a fragment."""
+        return self.target_file_size_bytes // self.fragment_ratio
+
+    @property
+    def undersized_below_bytes(self) -> int:
+        """A file smaller than this is undersized."""
+        return int(self.target_file_size_bytes * self.min_target_size_ratio)
+
+
+def _parse_bool(value: str) -> bool:
+    if value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise ValueError("expected true or false")
+
+
+# Iceberg table property -> (Policy field, parser). Other engines' users tune a table with these.
+TABLE_PROPERTIES = {
+    "compaction.target-file-size-bytes": ("target_file_size_bytes", int),
+    "compaction.fragment-ratio": ("fragment_ratio", int),
+    "compaction.min-target-size-ratio": ("min_target_size_ratio", float),
+    "compaction.min-input-files": ("min_input_files", int),
+    "compaction.max-group-bytes": ("max_group_bytes", int),
+    ENABLED_PROPERTY: ("enabled", _parse_bool),
+}
+
+
+def resolve_policy(table_name: str, configured: PolicyConfig, table_properties: Mapping[str, str]) -> Policy:
+    """Merge the layers; invalid table properties raise a ConfigError naming table and property."""
+    policy = Policy()
+    if target := table_properties.get(ICEBERG_TARGET_SIZE_PROPERTY):
+        policy = replace(policy, target_file_size_bytes=_parse(table_name, ICEBERG_TARGET_SIZE_PROPERTY, target, int))
+    policy = replace(policy, **{k: v for k, v in configured.model_dump().items() if v is not None})
+    for prop, (field_name, parse) in TABLE_PROPERTIES.items():
+        if prop in table_properties:
+            policy = replace(policy, **{field_name: _parse(table_name, prop, table_properties[prop], parse)})
+    _validate(table_name, policy)
+    return policy
+
+
+def _parse(table_name: str, prop: str, raw: str, parse) -> object:
+    try:
+        return parse(raw)
+    except ValueError as exc:
+        raise ConfigError(f"table '{table_name}': property {prop}={raw!r} is invalid: {exc}") from None
+
+
+def _validate(table_name: str, policy: Policy) -> None:
+    problems = [
+        f"{f.name} must be positive" for f in fields(policy) if f.type == "int" and getattr(policy, f.name) <= 0
+    ]
+    if not 0 < policy.min_target_size_ratio <= 1:
+        problems.append("min_target_size_ratio must be in (0, 1]")
+    if policy.min_input_files < 2:
+        problems.append("min_input_files must be at least 2")
+    if policy.max_group_bytes < policy.target_file_size_bytes:
+        problems.append("max_group_bytes must be at least target_file_size_bytes")
+    if problems:
+        raise ConfigError(f"table '{table_name}': invalid compaction policy {policy}: {'; '.join(problems)}")
