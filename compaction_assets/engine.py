@@ -195,6 +195,7 @@ class Engine:
                         spec_id=first.spec_id,
                         output_dir=out_dir,
                         file_prefix=attempt.attempt_id,
+                        max_files=group.expected_outputs,
                     )
                 )
             work.append(item)

@@ -37,7 +37,12 @@ def commit_snapshot(table: Table, attempt: Attempt) -> Snapshot | None:
 
 
 def commit_prepared(table: Table, ledger: Ledger, attempt: Attempt) -> Attempt:
-    """Swap sources for results in one snapshot; raises BackOff (after rolling back) if it cannot."""
+    """Swap sources for results in one snapshot; raises BackOff (after rolling back) if it cannot.
+
+    Liveness is checked on the catalog's current state; a change landing after that check makes
+    pyiceberg's commit retry fail its required-delete validation, which backs off the same way.
+    """
+    table.refresh()
     live = live_data_files_by_path(table)
     missing = [p for p in attempt.source_files if p not in live]
     if missing:

@@ -50,6 +50,7 @@ class GroupSpec:
     spec_id: int
     output_dir: str
     file_prefix: str  # the attempt id: every file this group writes starts with it
+    max_files: int  # roll to a new file at the target size only while fewer than this exist
 
 
 @dataclass(frozen=True)
@@ -201,7 +202,11 @@ class _TrackedOutput(OutputFile):
 
 
 class RollingWriter:
-    """Writes batches into Parquet files of about the target size, starting a new file when full."""
+    """Writes batches into Parquet files of about the target size, starting a new file when full.
+
+    The last of a group's `max_files` files takes whatever remains, as Iceberg's bin-pack does,
+    so a group never leaves a small tail file behind.
+    """
 
     def __init__(
         self, io: FileIO, metadata: TableMetadata, partition: Record, spec: GroupSpec, target_bytes: int, index: int
@@ -267,7 +272,8 @@ class RollingWriter:
         table = pa.Table.from_batches(self._buffer)
         self._writer.write(table)
         self._buffer, self._buffered = [], 0
-        if self._output.stream is not None and self._output.stream.tell() >= self._target:
+        full = self._output.stream is not None and self._output.stream.tell() >= self._target
+        if full and len(self._written) + 1 < self._spec.max_files:
             self._finish_file()
 
     def _finish_file(self) -> None:

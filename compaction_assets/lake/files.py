@@ -25,6 +25,12 @@ class LiveFile:
         return self.data_file.file_size_in_bytes
 
     @property
+    def data_bytes(self) -> int:
+        """Compressed column data (manifest column sizes), or the file size when unrecorded."""
+        column_sizes = self.data_file.column_sizes
+        return sum(column_sizes.values()) if column_sizes else self.size
+
+    @property
     def record_count(self) -> int:
         return self.data_file.record_count
 

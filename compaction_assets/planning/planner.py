@@ -1,14 +1,15 @@
 """Planner: pure functions from file statistics to rewrite groups. No I/O; same input, same plan.
 
 Minor compaction bin-packs fragments (files <= target/fragment_ratio) into groups of about one
-target file. Major compaction rewrites every undersized file (< min_target_size_ratio x target)
-in groups of at most max_group_bytes, writing target-size files. Partitions with delete files
+target file. Packing counts each file's column data bytes (its manifest column sizes), not its
+size on disk: a tiny file is mostly footer, which merging removes. Major compaction rewrites
+every undersized file (< min_target_size_ratio x target) in groups of at most max_group_bytes,
+writing target-size files. Partitions with delete files
 or with only files of an older partition spec are left alone, with the reason.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -63,8 +64,9 @@ class FileGroup:
 
     paths: tuple[str, ...]
     bytes: int
+    data_bytes: int
     records: int
-    expected_outputs: int
+    expected_outputs: int  # files to write: round(data_bytes / target), at least 1
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,7 @@ class PartitionPlan:
 class _Bin:
     capacity: int
     files: list[FileStat] = field(default_factory=list)
-    used: int = 0
+    used: int = 0  # data bytes
 
 
 def partition_stats(partition_key: str, files: Sequence[FileStat], policy: Policy) -> PartitionStats:
@@ -166,24 +168,25 @@ def plan_table(
 
 
 def _bin_pack(files: Sequence[FileStat], capacity: int) -> list[_Bin]:
-    """First-fit decreasing by size; ties broken by path so the plan is deterministic."""
+    """First-fit decreasing by data bytes (what lands in the output); ties broken by path."""
     bins: list[_Bin] = []
-    for f in sorted(files, key=lambda f: (-f.size, f.path)):
-        target = next((b for b in bins if b.used + f.size <= b.capacity), None)
+    for f in sorted(files, key=lambda f: (-f.data_bytes, f.path)):
+        target = next((b for b in bins if b.used + f.data_bytes <= b.capacity), None)
         if target is None:
             target = _Bin(capacity)
             bins.append(target)
         target.files.append(f)
-        target.used += f.size
+        target.used += f.data_bytes
     return bins
 
 
 def _to_group(b: _Bin, policy: Policy) -> FileGroup:
     return FileGroup(
         paths=tuple(sorted(f.path for f in b.files)),
-        bytes=b.used,
+        bytes=sum(f.size for f in b.files),
+        data_bytes=b.used,
         records=sum(f.record_count for f in b.files),
-        expected_outputs=max(1, math.ceil(b.used / policy.target_file_size_bytes)),
+        expected_outputs=max(1, round(b.used / policy.target_file_size_bytes)),
     )
 
 

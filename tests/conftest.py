@@ -1,0 +1,126 @@
+"""Shared fixtures: one real local SparkSession per test session, a real SQLite pyiceberg catalog
+and task ledger per test, and helpers that write real small Parquet files through pyiceberg."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+import yaml
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table
+from pyiceberg.transforms import IdentityTransform
+from pyiceberg.types import DoubleType, LongType, NestedField, StringType
+
+from compaction_assets.config import SparkConfig, load_config
+from compaction_assets.demo import append_fragments
+from compaction_assets.engine import Engine
+from compaction_assets.execution.spark import spark_session
+
+REPO = Path(__file__).resolve().parent.parent
+CLI = [str(Path(sys.executable).parent / "compaction-assets")]  # the installed console script
+
+
+@pytest.fixture(scope="session")
+def spark():
+    session = spark_session(SparkConfig(master="local[2]", conf={"spark.sql.shuffle.partitions": "2"}))
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@dataclass
+class Lake:
+    """A throwaway lake: config file, catalog, ledger and an engine on the shared Spark session."""
+
+    root: Path
+    config_path: Path
+    engine: Engine
+
+    @property
+    def catalog(self):
+        return self.engine.catalog
+
+    def table(self, name: str) -> Table:
+        return self.catalog.load_table(name)
+
+    def cli(self, *args: str, crash_at: str | None = None, config: Path | None = None) -> subprocess.CompletedProcess:
+        """Run the real `compaction-assets` command in its own process (its own JVM)."""
+        env = {**os.environ, "COMPACTION_CONFIG": str(config or self.config_path)}
+        env.pop("COMPACTION_CRASH_AT", None)
+        if crash_at:
+            env["COMPACTION_CRASH_AT"] = crash_at
+        return subprocess.run([*CLI, *args], env=env, capture_output=True, text=True, timeout=300)
+
+
+def write_config(root: Path, tables: list[dict] | None = None, **extra) -> Path:
+    doc = {
+        "catalog": {
+            "name": "lake",
+            "properties": {"type": "sql", "uri": "sqlite:///catalog.db", "warehouse": "file://warehouse"},
+        },
+        "state": {"uri": "sqlite:///state.db"},
+        "spark": {"mode": "local", "master": "local[2]", "conf": {"spark.sql.shuffle.partitions": "2"}},
+        "queues": [{"name": "default", "max_concurrent_runs": 1, "capacity": 10}],
+        "tables": tables or [{"match": "*", "queue": "default", "policy": {"target_file_size_bytes": 64 * 1024}}],
+        **extra,
+    }
+    path = root / "compaction.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@pytest.fixture
+def lake(tmp_path: Path, spark) -> Iterator[Lake]:
+    config_path = write_config(tmp_path)
+    engine = Engine(load_config(config_path), spark=lambda: spark)
+    engine.catalog.create_namespace("ns")
+    yield Lake(tmp_path, config_path, engine)
+    engine.ledger.dispose()
+
+
+SCHEMA = Schema(
+    NestedField(1, "id", LongType(), required=False),
+    NestedField(2, "region", StringType(), required=False),
+    NestedField(3, "payload", StringType(), required=False),
+    NestedField(4, "amount", DoubleType(), required=False),
+)
+BY_REGION = PartitionSpec(PartitionField(source_id=2, field_id=1000, transform=IdentityTransform(), name="region"))
+
+
+def batch(start: int, rows: int, region: str) -> pa.Table:
+    """Rows with distinct ids and incompressible-ish payloads, so file sizes are meaningful."""
+    ids = range(start, start + rows)
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "region": [region] * rows,
+            "payload": [f"{i:08d}-{(i * 2654435761) % 2**32:010d}" for i in ids],
+            "amount": [i * 0.25 for i in ids],
+        }
+    )
+
+
+def create_fragmented(lake: Lake, name: str, files_per_region: dict[str, int], rows: int = 50) -> Table:
+    """A table partitioned by region with the given number of small files per region."""
+    table = lake.catalog.create_table(name, schema=SCHEMA, partition_spec=BY_REGION)
+    batches, start = [], 0
+    for region, count in files_per_region.items():
+        for _ in range(count):
+            batches.append(batch(start, rows, region))
+            start += rows
+    append_fragments(table, batches)
+    table.refresh()
+    return table
+
+
+def data_files(table: Table) -> list[dict]:
+    """The live data files of the current snapshot, as pyiceberg's files metadata table has them."""
+    return table.inspect.files().to_pylist()

@@ -1,0 +1,47 @@
+"""The `compaction-assets` command on any table a pyiceberg user can read, via COMPACTION_CONFIG."""
+
+import json
+
+import yaml
+from pyiceberg.catalog.sql import SqlCatalog
+
+from compaction_assets.lake.digest import rows_digest
+from tests.conftest import SCHEMA, batch
+
+
+def test_compact_a_plain_pyiceberg_table_in_another_catalog(tmp_path, lake):
+    # A table as any pyiceberg user makes it: one append per micro-batch, no help from us.
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    catalog = SqlCatalog("prod", uri=f"sqlite:///{other}/cat.db", warehouse=f"file://{other}/wh")
+    catalog.create_namespace("ns")
+    table = catalog.create_table("ns.tbl", schema=SCHEMA)
+    for i in range(8):
+        table.append(batch(i * 10, 10, "eu"))
+    before = rows_digest(table)
+    config = other / "other.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "catalog": {"name": "prod", "properties": {"type": "sql", "uri": "sqlite:///cat.db", "warehouse": "wh"}},
+                "spark": {"master": "local[2]"},
+                "tables": [{"match": "ns.*"}],
+            }
+        )
+    )
+
+    planned = lake.cli("plan", "ns.tbl", "--json", config=config)
+    assert planned.returncode == 0, planned.stderr
+    [partition] = json.loads(planned.stdout)["partitions"]
+    assert partition["kind"] == "minor" and partition["stats"]["data_files"] == 8
+
+    run = lake.cli("compact", "ns.tbl", config=config)
+
+    assert run.returncode == 0, run.stderr
+    assert "committed minor: 8 -> 1 files" in run.stdout
+    table = catalog.load_table("ns.tbl")
+    assert len(table.inspect.files()) == 1
+    assert rows_digest(table) == before
+    status = lake.cli("status", "--json", config=config)
+    assert json.loads(status.stdout)["tasks_by_state"] == {"COMMITTED": 1}
+    assert (other / "compaction_state.db").exists()  # the ledger defaults to beside the catalog
