@@ -23,7 +23,10 @@ def test_compact_a_plain_pyiceberg_table_in_another_catalog(tmp_path, lake):
     config.write_text(
         yaml.safe_dump(
             {
-                "catalog": {"name": "prod", "properties": {"type": "sql", "uri": "sqlite:///cat.db", "warehouse": "wh"}},
+                "catalog": {
+                    "name": "prod",
+                    "properties": {"type": "sql", "uri": "sqlite:///cat.db", "warehouse": "wh"},
+                },
                 "spark": {"master": "local[2]"},
                 "tables": [{"match": "ns.*"}],
             }
