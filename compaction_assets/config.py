@@ -55,6 +55,12 @@ class SparkConfig(_Strict):
     conf: dict[str, str] = Field(default_factory=dict)
 
 
+class SchedulingConfig(_Strict):
+    sensor_interval_seconds: PositiveInt = 30
+    recovery_interval_seconds: PositiveInt = 60
+    ageing_points_per_minute: Annotated[float, Field(ge=0)] = 1.0
+
+
 class QueueConfig(_Strict):
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")]
     max_concurrent_runs: PositiveInt = 1
@@ -73,6 +79,7 @@ class CompactionConfig(_Strict):
     catalog: CatalogConfig = Field(default_factory=CatalogConfig)
     state: StateConfig = Field(default_factory=StateConfig)
     spark: SparkConfig = Field(default_factory=SparkConfig)
+    scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
     queues: list[QueueConfig] = Field(default_factory=lambda: [QueueConfig(name="default")])
     tables: list[TableRule] = Field(default_factory=lambda: [TableRule(match="*")])
     source: str = Field(default="<defaults>", exclude=True)

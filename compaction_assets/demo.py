@@ -84,18 +84,26 @@ def _orders(catalog: Catalog, n: int, rng: random.Random) -> int:
     )
     spec = PartitionSpec(PartitionField(source_id=2, field_id=1000, transform=IdentityTransform(), name="region"))
     table = catalog.create_table("sales.orders", schema=schema, partition_spec=spec)
+    return append_order_batches(table, 3 * n, rng)
+
+
+def append_order_batches(table: Table, batches: int, rng: random.Random) -> int:
+    """Micro-batches of 40 orders, one region each, as a streaming writer commits them."""
     regions = ["eu", "us", "apac"]
-    batches = [
-        pa.table(
-            {
-                "order_id": pa.array(range(i * 40, i * 40 + 40), pa.int64()),
-                "region": [regions[i % 3]] * 40,
-                "amount": [round(rng.uniform(1, 500), 2) for _ in range(40)],
-            }
-        )
-        for i in range(3 * n)
-    ]
-    return append_fragments(table, batches)
+    start = rng.randrange(1 << 40)
+    return append_fragments(
+        table,
+        (
+            pa.table(
+                {
+                    "order_id": pa.array(range(start + i * 40, start + i * 40 + 40), pa.int64()),
+                    "region": [regions[i % 3]] * 40,
+                    "amount": [round(rng.uniform(1, 500), 2) for _ in range(40)],
+                }
+            )
+            for i in range(batches)
+        ),
+    )
 
 
 def _metrics(catalog: Catalog, n: int, rng: random.Random) -> int:

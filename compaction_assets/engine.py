@@ -113,6 +113,10 @@ class Engine:
     def plan(self, table_name: str, partition: str | None = None) -> TablePlan:
         return self._plan(load_table(self.catalog, table_name), table_name, partition)[0]
 
+    def plan_for(self, table: Table, table_name: str) -> TablePlan:
+        """Plan an already loaded table (the sensor loads it to read its snapshot id)."""
+        return self._plan(table, table_name, None)[0]
+
     def compact(
         self, table_name: str, partition: str | None = None, task_id: str | None = None
     ) -> list[PartitionOutcome]:

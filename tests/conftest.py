@@ -124,3 +124,33 @@ def create_fragmented(lake: Lake, name: str, files_per_region: dict[str, int], r
 def data_files(table: Table) -> list[dict]:
     """The live data files of the current snapshot, as pyiceberg's files metadata table has them."""
     return table.inspect.files().to_pylist()
+
+
+QUEUES = [
+    {"name": "high", "max_concurrent_runs": 2, "capacity": 3},
+    {"name": "default", "max_concurrent_runs": 1, "capacity": 2},
+]
+RULES = [
+    {"match": "sales.*", "queue": "high", "priority": 10, "upstream": ["writers/orders_stream"]},
+    {"match": "*", "queue": "default", "priority": 0},
+]
+
+
+@pytest.fixture
+def queued_lake(tmp_path: Path, spark) -> Iterator[Lake]:
+    """A lake with two queues: sales.orders (3 partitions, high), ns.events (2, default), ns.flat."""
+    policy = {"target_file_size_bytes": 64 * 1024}
+    rules = [{**r, "policy": policy} for r in RULES]
+    config_path = write_config(
+        tmp_path, tables=rules, queues=QUEUES, scheduling={"sensor_interval_seconds": 5, "recovery_interval_seconds": 5}
+    )
+    engine = Engine(load_config(config_path), spark=lambda: spark)
+    for namespace in ("sales", "ns"):
+        engine.catalog.create_namespace(namespace)
+    lake = Lake(tmp_path, config_path, engine)
+    create_fragmented(lake, "sales.orders", {"eu": 12, "us": 12, "apac": 12}, rows=20)
+    create_fragmented(lake, "ns.events", {"eu": 10, "us": 10}, rows=20)
+    flat = lake.catalog.create_table("ns.flat", schema=SCHEMA)
+    append_fragments(flat, [batch(i * 10, 10, "x") for i in range(8)])
+    yield lake
+    engine.ledger.dispose()

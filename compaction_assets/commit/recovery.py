@@ -1,8 +1,9 @@
 """Recovery: finish or undo every attempt a crash left open, so nothing is lost or duplicated.
 
-PREPARED: if a snapshot carries the attempt, mark COMMITTED; elif all sources are still live,
-recommit; else roll back. EXECUTING whose process is gone (same host, pid not alive) or that has
-not moved for longer than the timeout: delete its files, mark FAILED.
+Only attempts whose process is gone (same host, pid not alive) or that have not moved for longer
+than the timeout are touched: a live process finishes its own attempt. PREPARED: if a snapshot
+carries the attempt, mark COMMITTED; elif all sources are still live, recommit; else roll back.
+EXECUTING: mark FAILED, delete its files.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 
 from pyiceberg.catalog import Catalog
 
-from compaction_assets.commit.ledger import Attempt, Ledger, Status
+from compaction_assets.commit.ledger import Attempt, Ledger, StaleAttempt, Status
 from compaction_assets.commit.two_phase import abandon, commit_prepared, commit_snapshot, confirm_committed
 from compaction_assets.errors import BackOff, CompactionError
 from compaction_assets.lake.catalog import TableNotFound, load_table
@@ -46,21 +47,30 @@ def process_gone(attempt: Attempt) -> bool:
     return False
 
 
+def orphaned_because(attempt: Attempt, cutoff: dt.datetime) -> str | None:
+    """Why nobody will finish this open attempt, or None if its process may still do so."""
+    if process_gone(attempt):
+        return f"process {attempt.pid} on {attempt.host} is gone"
+    if attempt.updated_at < cutoff:
+        return "no progress within the executing timeout"
+    return None
+
+
 def recover(catalog: Catalog, ledger: Ledger, executing_timeout_seconds: int) -> RecoveryReport:
     report = RecoveryReport()
-    for attempt in ledger.attempts(statuses=[Status.PREPARED]):
-        _recover_prepared(catalog, ledger, attempt, report)
     cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=executing_timeout_seconds)
+    for attempt in ledger.attempts(statuses=[Status.PREPARED]):
+        if orphaned_because(attempt, cutoff):
+            _recover_prepared(catalog, ledger, attempt, report)
     for attempt in ledger.attempts(statuses=[Status.EXECUTING]):
-        if process_gone(attempt):
-            why = f"process {attempt.pid} on {attempt.host} is gone"
-        elif attempt.updated_at < cutoff:
-            why = f"no progress for more than {executing_timeout_seconds}s"
-        else:
+        why = orphaned_because(attempt, cutoff)
+        if why is None:
             continue
         try:
             abandon(load_table(catalog, attempt.table_name), ledger, attempt, f"abandoned: {why}")
             report.abandoned.append(attempt.attempt_id)
+        except StaleAttempt:
+            continue  # another recovery ended it first
         except CompactionError as exc:
             report.errors.append(f"{attempt.attempt_id}: {exc}")
     return report
@@ -76,12 +86,14 @@ def _recover_prepared(catalog: Catalog, ledger: Ledger, attempt: Attempt, report
     except CompactionError as exc:
         report.errors.append(f"{attempt.attempt_id}: {exc}")
         return
-    if commit_snapshot(table, attempt) is not None:
-        confirm_committed(table, ledger, attempt)
-        report.confirmed.append(attempt.attempt_id)
-        return
     try:
+        if commit_snapshot(table, attempt) is not None:
+            confirm_committed(table, ledger, attempt)
+            report.confirmed.append(attempt.attempt_id)
+            return
         commit_prepared(table, ledger, attempt)
         report.recommitted.append(attempt.attempt_id)
     except BackOff:
         report.rolled_back.append(attempt.attempt_id)
+    except StaleAttempt:
+        return  # another recovery ended it first

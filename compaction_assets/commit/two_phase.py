@@ -12,7 +12,7 @@ from pyiceberg.exceptions import CommitFailedException, ValidationException
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
-from compaction_assets.commit.ledger import Attempt, Ledger
+from compaction_assets.commit.ledger import Attempt, Ledger, StaleAttempt, Status
 from compaction_assets.errors import BackOff
 from compaction_assets.faults import crash_point
 from compaction_assets.lake.datafile_codec import datafile_from_json
@@ -41,8 +41,12 @@ def commit_prepared(table: Table, ledger: Ledger, attempt: Attempt) -> Attempt:
 
     Liveness is checked on the catalog's current state; a change landing after that check makes
     pyiceberg's commit retry fail its required-delete validation, which backs off the same way.
+    Before giving up, it looks for a snapshot carrying this attempt (committed by a concurrent
+    recovery), so a committed attempt is never rolled back.
     """
     table.refresh()
+    if commit_snapshot(table, attempt) is not None:
+        return confirm_committed(table, ledger, attempt)
     live = live_data_files_by_path(table)
     missing = [p for p in attempt.source_files if p not in live]
     if missing:
@@ -63,7 +67,10 @@ def commit_prepared(table: Table, ledger: Ledger, attempt: Attempt) -> Attempt:
                 overwrite.append_data_file(datafile_from_json(doc))
         txn.commit_transaction()
     except (CommitFailedException, ValidationException) as exc:
-        # Both guarantee the snapshot did not land, so deleting our files is safe.
+        # Both guarantee this commit did not land; a concurrent recovery's commit may have.
+        table.refresh()
+        if commit_snapshot(table, attempt) is not None:
+            return confirm_committed(table, ledger, attempt)
         raise roll_back(table, ledger, attempt, f"commit gave way to a concurrent change: {exc}") from exc
     crash_point("after_iceberg_commit")
     return confirm_committed(table, ledger, attempt)
@@ -74,22 +81,32 @@ def confirm_committed(table: Table, ledger: Ledger, attempt: Attempt) -> Attempt
     snapshot = commit_snapshot(table, attempt)
     if snapshot is None:
         raise RuntimeError(f"attempt {attempt.attempt_id}: no snapshot of table {attempt.table_name} carries it")
-    committed = ledger.mark_committed(attempt.attempt_id, snapshot.snapshot_id)
+    try:
+        committed = ledger.mark_committed(attempt.attempt_id, snapshot.snapshot_id)
+    except StaleAttempt:
+        committed = ledger.get(attempt.attempt_id)
+        if committed is None or committed.status != Status.COMMITTED:
+            raise
     sweep_untracked(table, attempt, keep={d["file_path"] for d in attempt.result_files})
     return committed
 
 
 def roll_back(table: Table, ledger: Ledger, attempt: Attempt, reason: str) -> BackOff:
-    """Delete everything the attempt wrote, mark it ROLLED_BACK; returns the BackOff to raise."""
-    sweep_untracked(table, attempt, keep=set())
+    """Mark ROLLED_BACK, then delete everything the attempt wrote; returns the BackOff to raise.
+
+    The ledger goes first: if another process already ended the attempt (e.g. committed it),
+    the transition is refused and nothing is deleted.
+    """
     ledger.mark_rolled_back(attempt.attempt_id, reason)
+    sweep_untracked(table, attempt, keep=set())
     return BackOff(f"{attempt.table_name} [{attempt.partition_key or 'unpartitioned'}]: backed off: {reason}")
 
 
 def abandon(table: Table, ledger: Ledger, attempt: Attempt, reason: str) -> Attempt:
-    """An EXECUTING attempt that will never finish: delete what it wrote, mark it FAILED."""
+    """An EXECUTING attempt that will never finish: mark it FAILED, then delete what it wrote."""
+    failed = ledger.mark_failed(attempt.attempt_id, reason)
     sweep_untracked(table, attempt, keep=set())
-    return ledger.mark_failed(attempt.attempt_id, reason)
+    return failed
 
 
 def sweep_untracked(table: Table, attempt: Attempt, keep: set[str]) -> int:

@@ -1,0 +1,77 @@
+"""Precommit/commit consistency of a compaction run, checked against the ledger and the table.
+
+For the run's attempts: each ended (no PREPARED or EXECUTING left); a COMMITTED one has its
+snapshot, its result files live and its replaced files gone, rows in = rows out, and no file
+written by the attempt is left untracked. For the partition: no PREPARED row, and no EXECUTING
+row whose process is gone or which has timed out, remains from any run.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+
+from pyiceberg.table import Table
+
+from compaction_assets.commit.ledger import Attempt, Ledger, Status
+from compaction_assets.commit.recovery import orphaned_because
+from compaction_assets.commit.two_phase import commit_snapshot
+from compaction_assets.lake.files import live_data_files_by_path
+from compaction_assets.lake.storage import files_with_prefix
+
+RECOVER_HINT = "run `compaction-assets recover` (the recovery sensor also does this every minute)"
+
+
+@dataclass
+class ConsistencyReport:
+    attempts_checked: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems
+
+
+def check_consistency(
+    table: Table, ledger: Ledger, partition_key: str, task_id: str | None, executing_timeout_seconds: int
+) -> ConsistencyReport:
+    table_name = ".".join(table.name())
+    report = ConsistencyReport()
+    live = live_data_files_by_path(table)
+    if task_id is not None:
+        for attempt in ledger.attempts(table_name=table_name, task_id=task_id):
+            report.attempts_checked += 1
+            report.problems.extend(_attempt_problems(table, attempt, live))
+    cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=executing_timeout_seconds)
+    for attempt in ledger.attempts(table_name=table_name, statuses=[Status.PREPARED, Status.EXECUTING]):
+        if attempt.partition_key != partition_key or attempt.task_id == task_id:
+            continue
+        if attempt.status == Status.PREPARED:
+            report.problems.append(f"attempt {attempt.attempt_id} of task {attempt.task_id} is left PREPARED")
+        elif why := orphaned_because(attempt, cutoff):
+            report.problems.append(f"attempt {attempt.attempt_id} is left EXECUTING: {why}")
+    return report
+
+
+def _attempt_problems(table: Table, attempt: Attempt, live: dict) -> list[str]:
+    name = f"attempt {attempt.attempt_id}"
+    if attempt.status in (Status.PREPARED, Status.EXECUTING):
+        return [f"{name} is left {attempt.status}"]
+    results = {d["file_path"] for d in attempt.result_files}
+    written = {p for d in attempt.output_dirs for p in files_with_prefix(d, attempt.attempt_id)}
+    problems = []
+    if attempt.status == Status.COMMITTED:
+        if commit_snapshot(table, attempt) is None:
+            problems.append(f"{name} is COMMITTED but no snapshot carries its task id")
+        if missing := sorted(results - live.keys()):
+            problems.append(f"{name}: {len(missing)} result file(s) not live, e.g. {missing[0]}")
+        if still := sorted(set(attempt.source_files) & live.keys()):
+            problems.append(f"{name}: {len(still)} replaced file(s) still live, e.g. {still[0]}")
+        if attempt.rows_out != attempt.rows_in:
+            problems.append(f"{name}: rows in {attempt.rows_in} != rows out {attempt.rows_out}")
+        results_live = results & live.keys()
+        if untracked := sorted(written - results_live):
+            problems.append(f"{name}: {len(untracked)} untracked file(s) written, e.g. {untracked[0]}")
+    elif written:
+        problems.append(f"{name} ended {attempt.status} but left {len(written)} file(s), e.g. {sorted(written)[0]}")
+    return problems

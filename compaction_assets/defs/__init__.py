@@ -1,0 +1,1 @@
+"""The Dagster layer: thin glue from Dagster concepts onto the engine."""

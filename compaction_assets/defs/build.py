@@ -1,0 +1,50 @@
+"""Definitions for the tables of one compaction.yaml: assets, checks, jobs, sensors, resources."""
+
+from __future__ import annotations
+
+from dagster import AssetKey, AssetSelection, AssetSpec, Definitions, define_asset_job, in_process_executor
+
+from compaction_assets.config import CompactionConfig
+from compaction_assets.defs.assets import consistency_check, table_asset
+from compaction_assets.defs.demo_writer import DEMO_WRITER_KEY, orders_stream
+from compaction_assets.defs.naming import job_name, table_key
+from compaction_assets.defs.resources import CompactionResource, pyspark_resource
+from compaction_assets.defs.sensors import fragmentation_sensor, recover_job, recovery_sensor
+from compaction_assets.errors import ConfigError
+from compaction_assets.lake.catalog import load_table, managed_tables, open_catalog
+from compaction_assets.planning.policy import Policy, resolve_policy
+
+
+def build_definitions(config: CompactionConfig) -> Definitions:
+    catalog = open_catalog(config.catalog)
+    assets, checks, jobs = [], [], []
+    partitioned: dict[str, bool] = {}
+    upstream: set[AssetKey] = set()
+    for name in managed_tables(catalog, config):
+        table = load_table(catalog, name)
+        rule = config.rule_for(name)
+        try:
+            policy = resolve_policy(name, rule.policy, table.properties)
+        except ConfigError:
+            policy = Policy()  # the sensor reports the invalid property on every tick
+        partitioned[name] = not table.spec().is_unpartitioned()
+        assets.append(table_asset(name, rule, partitioned[name], table.location(), policy))
+        checks.append(consistency_check(name, config.state.executing_timeout_seconds))
+        jobs.append(define_asset_job(job_name(name), selection=AssetSelection.assets(table_key(name))))
+        upstream.update(AssetKey.from_user_string(u) for u in rule.upstream)
+    if DEMO_WRITER_KEY in upstream:
+        assets.append(orders_stream)
+    # Writers we do not run still appear in the lineage graph.
+    assets.extend(AssetSpec(key, group_name="writers") for key in sorted(upstream - {DEMO_WRITER_KEY}, key=str))
+    scheduling = config.scheduling
+    return Definitions(
+        assets=assets,
+        asset_checks=checks,
+        jobs=[*jobs, recover_job],
+        sensors=[
+            fragmentation_sensor(partitioned, jobs, scheduling.sensor_interval_seconds),
+            recovery_sensor(scheduling.recovery_interval_seconds),
+        ],
+        resources={"compaction": CompactionResource(config_path=config.source), "pyspark": pyspark_resource(config)},
+        executor=in_process_executor,
+    )

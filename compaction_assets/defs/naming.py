@@ -1,0 +1,26 @@
+"""Names in Dagster for the tables of the lake (the asset-key and tag contracts)."""
+
+from dagster import AssetKey
+
+QUEUE_TAG = "compaction/queue"
+TABLE_TAG = "compaction/table"
+PRIORITY_TAG = "dagster/priority"
+PARTITION_TAG = "dagster/partition"
+CHECK_NAME = "precommit_commit_consistency"
+
+
+def table_key(table_name: str) -> AssetKey:
+    """`ns.tbl` -> `lake/ns/tbl` (namespace levels become key parts)."""
+    return AssetKey(["lake", *table_name.split(".")])
+
+
+def partitions_name(table_name: str) -> str:
+    return "lake__" + table_name.replace(".", "__")
+
+
+def job_name(table_name: str) -> str:
+    return "compact__" + table_name.replace(".", "__")
+
+
+def pool_name(queue: str) -> str:
+    return f"compaction-{queue}"

@@ -1,0 +1,32 @@
+"""Resources: where compaction.yaml is, and the Spark session (dagster-pyspark)."""
+
+from dagster import ConfigurableResource
+from dagster_pyspark import LazyPySparkResource
+
+from compaction_assets.config import CompactionConfig, load_config
+from compaction_assets.engine import Engine
+from compaction_assets.execution.spark import ensure_worker_python, spark_conf
+
+
+class CompactionResource(ConfigurableResource):
+    """compaction.yaml, read fresh for every run, so policy changes apply without a restart."""
+
+    config_path: str | None = None
+
+    def load(self) -> CompactionConfig:
+        return load_config(self.config_path)
+
+    def engine(self, spark: LazyPySparkResource | None = None) -> Engine:
+        if spark is None:
+            return Engine(self.load())
+
+        def session():  # noqa: ANN202 - a SparkSession, local or Connect
+            ensure_worker_python()
+            return spark.spark_session
+
+        return Engine(self.load(), spark=session)
+
+
+def pyspark_resource(config: CompactionConfig) -> LazyPySparkResource:
+    """A session only when a run needs one; `spark.remote` in the conf selects Spark Connect."""
+    return LazyPySparkResource(spark_config=spark_conf(config.spark))

@@ -1,0 +1,225 @@
+"""Sensors: the fragmentation sensor requests compaction runs; the recovery sensor heals crashes."""
+
+import datetime as dt
+import json
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+from dagster import (
+    AddDynamicPartitionsRequest,
+    DagsterInstance,
+    DagsterRunStatus,
+    DefaultSensorStatus,
+    DeleteDynamicPartitionsRequest,
+    JobDefinition,
+    OpExecutionContext,
+    RunRequest,
+    RunsFilter,
+    SensorDefinition,
+    SensorEvaluationContext,
+    SensorResult,
+    SkipReason,
+    job,
+    op,
+    sensor,
+)
+
+from compaction_assets.commit.ledger import OPEN
+from compaction_assets.commit.recovery import orphaned_because
+from compaction_assets.config import CompactionConfig
+from compaction_assets.defs.naming import (
+    PARTITION_TAG,
+    PRIORITY_TAG,
+    QUEUE_TAG,
+    TABLE_TAG,
+    job_name,
+    partitions_name,
+    pool_name,
+)
+from compaction_assets.defs.resources import CompactionResource
+from compaction_assets.engine import Engine
+from compaction_assets.errors import CompactionError
+from compaction_assets.lake.catalog import load_table
+from compaction_assets.planning.scheduling import Candidate, decide
+
+IN_PROGRESS = [
+    DagsterRunStatus.QUEUED,
+    DagsterRunStatus.NOT_STARTED,
+    DagsterRunStatus.STARTING,
+    DagsterRunStatus.STARTED,
+    DagsterRunStatus.CANCELING,
+]
+
+
+@dataclass
+class FragmentationCursor:
+    """Last seen snapshot per table, and since when each deferred partition has waited."""
+
+    snapshots: dict[str, int | None] = field(default_factory=dict)
+    waiting: dict[str, float] = field(default_factory=dict)  # "table|partition" -> epoch seconds
+
+    @staticmethod
+    def parse(raw: str | None) -> "FragmentationCursor":
+        return FragmentationCursor(**json.loads(raw)) if raw else FragmentationCursor()
+
+    def dump(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+
+def sync_pool_limits(instance: DagsterInstance, config: CompactionConfig) -> None:
+    """compaction.yaml is the one source of queue limits; the instance's pools follow it."""
+    storage = instance.event_log_storage
+    known = storage.get_concurrency_keys()
+    for queue in config.queues:
+        pool = pool_name(queue.name)
+        if pool not in known or storage.get_concurrency_info(pool).slot_count != queue.max_concurrent_runs:
+            storage.set_concurrency_slots(pool, queue.max_concurrent_runs)
+
+
+def fragmentation_sensor(tables: dict[str, bool], jobs: list[JobDefinition], interval_seconds: int) -> SensorDefinition:
+    """`tables`: managed table name -> partitioned?"""
+
+    @sensor(
+        name="fragmentation_sensor",
+        jobs=jobs,
+        minimum_interval_seconds=interval_seconds,
+        default_status=DefaultSensorStatus.RUNNING,
+        description="Plans tables whose snapshot changed and requests compaction of fragmented partitions, "
+        "by priority, within each queue's capacity.",
+    )
+    def _sensor(context: SensorEvaluationContext, compaction: CompactionResource) -> SensorResult:
+        return evaluate_fragmentation(context, compaction.load(), tables)
+
+    return _sensor
+
+
+def evaluate_fragmentation(
+    context: SensorEvaluationContext, config: CompactionConfig, tables: dict[str, bool]
+) -> SensorResult:
+    engine = Engine(config)  # no Spark: the sensor only plans
+    sync_pool_limits(context.instance, config)
+    cursor = FragmentationCursor.parse(context.cursor)
+    runs = context.instance.get_runs(RunsFilter(statuses=IN_PROGRESS))
+    queue_load = Counter(r.tags[QUEUE_TAG] for r in runs if QUEUE_TAG in r.tags)
+    in_flight = {(r.tags[TABLE_TAG], r.tags.get(PARTITION_TAG, "")) for r in runs if TABLE_TAG in r.tags}
+    now = time.time()
+    candidates: list[Candidate] = []
+    partition_requests: list = []
+    unchanged, planned = [], []
+    for name, partitioned in tables.items():
+        rule = config.rule_for(name)
+        if rule is None:
+            context.log.info(f"{name}: no longer matches a `tables:` rule; skipped")
+            continue
+        try:
+            table = load_table(engine.catalog, name)
+            snapshot = table.current_snapshot()
+            snapshot_id = snapshot.snapshot_id if snapshot else None
+            waiting = [k for k in cursor.waiting if k.startswith(f"{name}|")]
+            if name in cursor.snapshots and cursor.snapshots[name] == snapshot_id and not waiting:
+                unchanged.append(name)
+                continue
+            tplan = engine.plan_for(table, name)
+        except CompactionError as exc:
+            context.log.warning(f"{name}: cannot plan: {exc}")
+            continue
+        planned.append(name)
+        if partitioned:
+            partition_requests.extend(
+                _partition_sync(context.instance, name, [p.partition_key for p in tplan.partitions])
+            )
+        worth = {p.partition_key: p for p in tplan.to_compact}
+        for key in waiting:
+            if key.split("|", 1)[1] not in worth:
+                del cursor.waiting[key]
+        for plan in tplan.partitions:
+            if not plan.worth_compacting:
+                context.log.debug(f"{name} [{plan.partition_key or '-'}]: nothing to do: {plan.reason}")
+        for key, plan in worth.items():
+            since = cursor.waiting.setdefault(f"{name}|{key}", now)
+            candidates.append(Candidate(name, key, rule.queue, rule.priority, plan.benefit, since, snapshot_id))
+        cursor.snapshots[name] = snapshot_id
+    capacities = {q.name: q.capacity for q in config.queues}
+    decisions = decide(candidates, queue_load, capacities, in_flight, now, config.scheduling.ageing_points_per_minute)
+    run_requests = []
+    for d in decisions:
+        c = d.candidate
+        where = f"{c.table_name} [{c.partition_key or '-'}] (queue {c.queue}, priority {d.priority})"
+        if d.requested or "already queued" in d.reason:
+            cursor.waiting.pop(f"{c.table_name}|{c.partition_key}", None)
+        if not d.requested:
+            context.log.info(f"skip {where}: {d.reason}")
+            continue
+        context.log.info(f"request {where}: benefit {c.benefit:.2f} files/MiB")
+        run_requests.append(
+            RunRequest(
+                run_key=f"{c.table_name}|{c.partition_key}|{c.snapshot_id}",
+                job_name=job_name(c.table_name),
+                partition_key=c.partition_key or None,
+                tags={QUEUE_TAG: c.queue, TABLE_TAG: c.table_name, PRIORITY_TAG: str(d.priority)},
+            )
+        )
+    summary = (
+        f"evaluated {len(tables)} table(s): {len(planned)} planned, {len(unchanged)} unchanged; "
+        f"{len(candidates)} partition(s) worth compacting, {len(run_requests)} requested, "
+        f"{len(decisions) - len(run_requests)} skipped"
+    )
+    context.log.info(summary)
+    return SensorResult(
+        run_requests=run_requests,
+        dynamic_partitions_requests=partition_requests,
+        cursor=cursor.dump(),
+        skip_reason=None if run_requests else SkipReason(summary),
+    )
+
+
+def _partition_sync(instance: DagsterInstance, table_name: str, keys: list[str]) -> list:
+    """Requests that make the table's dynamic partitions equal its Iceberg partitions."""
+    name = partitions_name(table_name)
+    existing = set(instance.get_dynamic_partitions(name))
+    wanted = set(keys)
+    requests: list = []
+    if added := sorted(wanted - existing):
+        requests.append(AddDynamicPartitionsRequest(partitions_def_name=name, partition_keys=added))
+    if vanished := sorted(existing - wanted):
+        requests.append(DeleteDynamicPartitionsRequest(partitions_def_name=name, partition_keys=vanished))
+    return requests
+
+
+@op(description="Finish or undo every compaction attempt whose process is gone (compaction-assets recover).")
+def recover_orphaned_attempts(context: OpExecutionContext, compaction: CompactionResource) -> None:
+    report = compaction.engine().recover()
+    context.log.info(
+        f"recovered {report.handled}: confirmed {report.confirmed}, recommitted {report.recommitted}, "
+        f"rolled back {report.rolled_back}, abandoned {report.abandoned}"
+    )
+    if report.errors:
+        raise CompactionError("could not recover: " + "; ".join(report.errors))
+
+
+@job(name="recover_compaction_tasks", tags={"compaction/maintenance": "recovery"})
+def recover_job() -> None:
+    recover_orphaned_attempts()
+
+
+def recovery_sensor(interval_seconds: int) -> SensorDefinition:
+    @sensor(
+        name="recovery_sensor",
+        job=recover_job,
+        minimum_interval_seconds=interval_seconds,
+        default_status=DefaultSensorStatus.RUNNING,
+        description="Requests a recovery run when a compaction attempt is left open by a dead process.",
+    )
+    def _sensor(context: SensorEvaluationContext, compaction: CompactionResource):  # noqa: ANN202
+        engine = compaction.engine()
+        config = engine.config
+        cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=config.state.executing_timeout_seconds)
+        orphaned = [a for a in engine.ledger.attempts(statuses=OPEN) if orphaned_because(a, cutoff)]
+        if not orphaned:
+            return SkipReason("no orphaned compaction attempts")
+        for attempt in orphaned:
+            context.log.info(f"orphaned {attempt.status} attempt {attempt.attempt_id} of {attempt.table_name}")
+        return RunRequest(run_key=",".join(sorted(a.attempt_id for a in orphaned)))
+
+    return _sensor

@@ -1,0 +1,111 @@
+"""The fragmentation sensor on a real Dagster instance, evaluated with build_sensor_context."""
+
+import json
+import time
+
+import pytest
+from dagster import DagsterRunStatus, build_sensor_context, instance_for_test
+from dagster._core.test_utils import create_run_for_test
+
+from compaction_assets.config import load_config
+from compaction_assets.defs.build import build_definitions
+from compaction_assets.defs.resources import CompactionResource
+from tests.conftest import batch
+
+ORDERS = {"region=eu", "region=us", "region=apac"}
+
+
+@pytest.fixture
+def instance():
+    with instance_for_test() as instance:
+        yield instance
+
+
+def tick(lake, instance, cursor=None):
+    defs = build_definitions(load_config(lake.config_path))
+    sensor = defs.get_sensor_def("fragmentation_sensor")
+    context = build_sensor_context(
+        instance=instance,
+        cursor=cursor,
+        definitions=defs,
+        resources={"compaction": CompactionResource(config_path=str(lake.config_path))},
+    )
+    return sensor(context)
+
+
+def requested(result) -> dict[tuple[str, str], dict]:
+    return {(r.tags["compaction/table"], r.partition_key or ""): r for r in result.run_requests}
+
+
+def test_requests_carry_queue_table_and_priority_tags_and_sync_partitions(queued_lake, instance):
+    result = tick(queued_lake, instance)
+
+    runs = requested(result)
+    # Capacity: high 3 (all three orders partitions), default 2 (of events x2 and flat).
+    assert {k for k in runs if k[0] == "sales.orders"} == {("sales.orders", p) for p in ORDERS}
+    assert sum(k[0] != "sales.orders" for k in runs) == 2
+    for (table, partition), run in runs.items():
+        assert run.tags["compaction/queue"] == ("high" if table == "sales.orders" else "default")
+        assert run.job_name == "compact__" + table.replace(".", "__")
+        assert run.run_key.startswith(f"{table}|{partition}|")
+    high = min(int(r.tags["dagster/priority"]) for k, r in runs.items() if k[0] == "sales.orders")
+    low = max(int(r.tags["dagster/priority"]) for k, r in runs.items() if k[0] != "sales.orders")
+    assert high > low  # table priority 10 beats 0
+    added = {
+        (req.partitions_def_name, key)
+        for req in result.dynamic_partitions_requests
+        for key in getattr(req, "partition_keys", [])
+    }
+    assert {("lake__sales__orders", p) for p in ORDERS} <= added
+    assert ("lake__ns__events", "region=eu") in added
+    limits = {p.name: p.limit for p in instance.event_log_storage.get_pool_limits()}
+    assert limits["compaction-high"] == 2 and limits["compaction-default"] == 1  # from compaction.yaml
+
+
+def test_unchanged_table_is_not_replanned_and_run_keys_are_stable(queued_lake, instance):
+    first = tick(queued_lake, instance)
+    cursor = json.loads(first.cursor)
+    assert cursor["waiting"] == {"ns.flat|": pytest.approx(time.time(), abs=60)}  # deferred: queue full
+
+    cursor["waiting"] = {}  # say ns.flat was handled: nothing waits, no snapshot changed
+    again = tick(queued_lake, instance, cursor=json.dumps(cursor))
+    assert again.run_requests == []
+    assert "0 planned, 3 unchanged" in again.skip_reason.skip_message
+    replay = tick(queued_lake, instance)  # a fresh cursor, same snapshots: same run keys, so Dagster dedupes
+    assert {r.run_key for r in replay.run_requests} == {r.run_key for r in first.run_requests}
+
+    queued_lake.table("ns.events").append(batch(99_000, 5, "eu"))
+    changed = tick(queued_lake, instance, cursor=first.cursor)
+    events = [r for r in changed.run_requests if r.tags["compaction/table"] == "ns.events"]
+    assert events and all(r.run_key not in {x.run_key for x in first.run_requests} for r in events)
+
+
+def test_full_queue_gets_no_new_requests(queued_lake, instance):
+    for status in (DagsterRunStatus.STARTED, DagsterRunStatus.STARTING):  # the default queue's capacity: 2
+        create_run_for_test(instance, job_name="x", status=status, tags={"compaction/queue": "default"})
+
+    result = tick(queued_lake, instance)
+
+    assert {k[0] for k in requested(result)} == {"sales.orders"}
+
+
+def test_a_partition_already_in_flight_is_not_requested_again(queued_lake, instance):
+    tags = {"compaction/queue": "high", "compaction/table": "sales.orders", "dagster/partition": "region=eu"}
+    create_run_for_test(instance, job_name="compact__sales__orders", status=DagsterRunStatus.STARTED, tags=tags)
+
+    result = tick(queued_lake, instance)
+
+    orders = {p for t, p in requested(result) if t == "sales.orders"}
+    assert orders == ORDERS - {"region=eu"}
+
+
+def test_long_waiting_low_priority_partition_is_eventually_requested(queued_lake, instance):
+    # The default queue holds 2; ns.flat (priority 0) waits behind ns.events' partitions.
+    first = tick(queued_lake, instance)
+    assert ("ns.flat", "") not in requested(first)
+    cursor = json.loads(first.cursor)
+    # New fragments keep ns.events busy, but ns.flat has now waited for 3 hours.
+    queued_lake.table("ns.events").append(batch(50_000, 5, "eu"))
+    cursor["waiting"]["ns.flat|"] = time.time() - 3 * 3600
+    later = tick(queued_lake, instance, cursor=json.dumps(cursor))
+    assert ("ns.flat", "") in requested(later)
