@@ -72,7 +72,7 @@ def consistency_check(table_name: str, executing_timeout_seconds: int):  # noqa:
         engine = compaction.engine()
         table = load_table(engine.catalog, table_name)
         partition = context.run.tags.get(PARTITION_TAG, "")
-        report = check_consistency(table, engine.ledger, partition, context.run_id, executing_timeout_seconds)
+        report = check_consistency(table, engine.ledger, partition, context.run.run_id, executing_timeout_seconds)
         metadata = {"attempts_checked": report.attempts_checked, "partition": partition or "(unpartitioned)"}
         if not report.passed:
             metadata |= {
