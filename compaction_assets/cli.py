@@ -142,20 +142,31 @@ def status(ctx: click.Context, as_json: bool) -> None:
 
 @main.command()
 @click.option("--files-per-partition", default=60, show_default=True)
+@click.option("--stream", is_flag=True, help="keep a writer appending small files to sales.orders")
+@click.option("--no-ui", is_flag=True, help="compact every table now instead of starting Dagster")
+@click.option("--port", default=3000, show_default=True)
 @click.pass_context
-def demo(ctx: click.Context, files_per_partition: int) -> None:
-    """Create a fragmented demo lake on the configured catalog, then compact every table."""
+def demo(ctx: click.Context, files_per_partition: int, stream: bool, no_ui: bool, port: int) -> None:
+    """Build a fragmented demo lake, then watch Dagster compact it (dagster dev on 127.0.0.1)."""
     from compaction_assets.demo import create_demo_lake
-    from compaction_assets.lake.catalog import load_table
-    from compaction_assets.lake.digest import rows_digest
 
     engine = _engine(ctx)
     written = create_demo_lake(engine.catalog, files_per_partition)
-    click.echo(
-        f"demo lake in catalog '{engine.catalog.name}': " + ", ".join(f"{t} {n} files" for t, n in written.items())
-    )
+    listing = ", ".join(f"{t} {n} files" for t, n in written.items())
+    click.echo(f"demo lake in catalog '{engine.catalog.name}': {listing}")
+    if no_ui:
+        sys.exit(_compact_all(engine, list(written)))
+    from compaction_assets.demo_ui import run_dagster_dev
+
+    sys.exit(run_dagster_dev(engine.config, port=port, stream=stream))
+
+
+def _compact_all(engine: Engine, tables: list[str]) -> int:
+    from compaction_assets.lake.catalog import load_table
+    from compaction_assets.lake.digest import rows_digest
+
     failed = False
-    for name in written:
+    for name in tables:
         before = rows_digest(load_table(engine.catalog, name))
         started = time.monotonic()
         outcomes = engine.compact(name)
@@ -167,8 +178,7 @@ def demo(ctx: click.Context, files_per_partition: int) -> None:
             f"  {name}: {before.rows} rows, content {'identical' if same else 'CHANGED'} "
             f"({before.sha256[:12]}), {time.monotonic() - started:.1f}s"
         )
-    if failed:
-        sys.exit(1)
+    return 1 if failed else 0
 
 
 def _print_outcomes(outcomes: list[PartitionOutcome]) -> None:

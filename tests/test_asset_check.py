@@ -1,10 +1,11 @@
 """Materialising a table partition compacts it; the blocking consistency check follows it."""
 
 import pytest
-from dagster import AssetKey, instance_for_test
+from dagster import AssetKey, RunRequest, build_sensor_context, instance_for_test
 
 from compaction_assets.config import load_config
 from compaction_assets.defs.build import build_definitions
+from compaction_assets.defs.resources import CompactionResource
 from compaction_assets.lake.digest import rows_digest
 from tests.conftest import create_fragmented
 
@@ -67,7 +68,14 @@ def test_check_fails_and_blocks_on_a_task_left_prepared_until_recovered(lake, in
     assert "left PREPARED" in problems
     assert "compaction-assets recover" in check.metadata["fix"].value
 
-    lake.engine.recover()
+    # The automatic path: the recovery sensor notices the dead attempt and requests a recovery run.
+    defs = build_definitions(load_config(lake.config_path))
+    resources = {"compaction": CompactionResource(config_path=str(lake.config_path))}
+    context = build_sensor_context(instance=instance, definitions=defs, resources=resources)
+    request = defs.get_sensor_def("recovery_sensor")(context)
+    assert isinstance(request, RunRequest)
+    assert defs.resolve_job_def("recover_compaction_tasks").execute_in_process(instance=instance).success
+    assert lake.engine.ledger.counts() == {"COMMITTED": 1}
     healed, healed_check = run_partition(lake, instance, "region=eu")
     assert healed.success and healed_check.passed
     assert rows_digest(lake.table("ns.t")) == before

@@ -4,6 +4,7 @@ import json
 import time
 
 import pytest
+import yaml
 from dagster import DagsterRunStatus, build_sensor_context, instance_for_test
 from dagster._core.test_utils import create_run_for_test
 
@@ -109,3 +110,15 @@ def test_long_waiting_low_priority_partition_is_eventually_requested(queued_lake
     cursor["waiting"]["ns.flat|"] = time.time() - 3 * 3600
     later = tick(queued_lake, instance, cursor=json.dumps(cursor))
     assert ("ns.flat", "") in requested(later)
+
+
+def test_changed_queue_limit_applies_on_the_next_tick(queued_lake, instance):
+    tick(queued_lake, instance)
+    doc = yaml.safe_load(queued_lake.config_path.read_text())
+    doc["queues"][0]["max_concurrent_runs"] = 5
+    queued_lake.config_path.write_text(yaml.safe_dump(doc))
+
+    tick(queued_lake, instance)
+
+    limits = {p.name: p.limit for p in instance.event_log_storage.get_pool_limits()}
+    assert limits["compaction-high"] == 5
