@@ -20,6 +20,8 @@ POINTS = (
 
 def crash_point(name: str) -> None:
     """Die immediately if COMPACTION_CRASH_AT names this point."""
+    if name not in POINTS:
+        raise ValueError(f"unknown crash point {name!r}; known: {', '.join(POINTS)}")
     if os.environ.get(CRASH_ENV) == name:
         sys.stderr.write(f"[fault injection] crashing at {name}\n")
         sys.stderr.flush()
