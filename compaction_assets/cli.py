@@ -120,6 +120,44 @@ def recover(ctx: click.Context) -> None:
 
 
 @main.command()
+@click.argument("table")
+@click.option("--dry-run", is_flag=True, help="report what would be expired and deleted; change nothing")
+@click.pass_context
+def gc(ctx: click.Context, table: str, dry_run: bool) -> None:
+    """Expire old snapshots of TABLE and delete files nothing references any more."""
+    report = _engine(ctx).gc(table, dry_run=dry_run)
+    if report.paused:
+        click.echo(f"{table}: paused (compaction.enabled=false): GC skipped")
+        return
+    verb = "would expire" if dry_run else "expired"
+    click.echo(
+        f"{table}: {verb} {len(report.snapshots_expired)} snapshot(s); "
+        f"{'would delete' if dry_run else 'deleted'} {len(report.expired_files)} file(s) of expired snapshots "
+        f"and {len(report.orphan_files)} orphan file(s), {report.bytes_reclaimed} bytes"
+    )
+    for path in [*report.expired_files, *report.orphan_files] if dry_run else []:
+        click.echo(f"  {path}")
+
+
+@main.command()
+@click.argument("table")
+@click.pass_context
+def pause(ctx: click.Context, table: str) -> None:
+    """Stop compacting and collecting garbage for TABLE (persisted in the table: compaction.enabled=false)."""
+    _engine(ctx).set_enabled(table, False)
+    click.echo(f"{table}: paused")
+
+
+@main.command()
+@click.argument("table")
+@click.pass_context
+def resume(ctx: click.Context, table: str) -> None:
+    """Resume compaction and GC of TABLE (compaction.enabled=true)."""
+    _engine(ctx).set_enabled(table, True)
+    click.echo(f"{table}: resumed")
+
+
+@main.command()
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @click.pass_context
 def status(ctx: click.Context, as_json: bool) -> None:

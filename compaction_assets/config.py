@@ -61,6 +61,14 @@ class SchedulingConfig(_Strict):
     ageing_points_per_minute: Annotated[float, Field(ge=0)] = 1.0
 
 
+class GcConfig(_Strict):
+    """Defaults; a table's Iceberg properties history.expire.* and compaction.gc.* win."""
+
+    max_snapshot_age_hours: Annotated[float, Field(ge=0)] = 120  # Iceberg's default: 5 days
+    min_snapshots_to_keep: PositiveInt = 1
+    orphan_grace_hours: Annotated[float, Field(ge=0)] = 72
+
+
 class QueueConfig(_Strict):
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")]
     max_concurrent_runs: PositiveInt = 1
@@ -80,6 +88,7 @@ class CompactionConfig(_Strict):
     state: StateConfig = Field(default_factory=StateConfig)
     spark: SparkConfig = Field(default_factory=SparkConfig)
     scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
+    gc: GcConfig = Field(default_factory=GcConfig)
     queues: list[QueueConfig] = Field(default_factory=lambda: [QueueConfig(name="default")])
     tables: list[TableRule] = Field(default_factory=lambda: [TableRule(match="*")])
     source: str = Field(default="<defaults>", exclude=True)

@@ -29,8 +29,9 @@ from compaction_assets.faults import crash_point
 from compaction_assets.lake.catalog import load_table, open_catalog
 from compaction_assets.lake.datafile_codec import datafile_to_json, encode_partition
 from compaction_assets.lake.files import LiveFile, live_files
+from compaction_assets.maintenance.gc import GcPolicy, GcReport, collect_garbage
 from compaction_assets.planning.planner import Kind, PartitionPlan, plan_table
-from compaction_assets.planning.policy import Policy, resolve_policy
+from compaction_assets.planning.policy import ENABLED_PROPERTY, Policy, resolve_policy
 
 log = logging.getLogger("compaction_assets")
 
@@ -147,6 +148,17 @@ class Engine:
 
     def recover(self) -> RecoveryReport:
         return recover(self.catalog, self.ledger, self.config.state.executing_timeout_seconds)
+
+    def gc(self, table_name: str, dry_run: bool = False) -> GcReport:
+        table = load_table(self.catalog, table_name)
+        policy = GcPolicy.resolve(table_name, self.config.gc, table.properties)
+        return collect_garbage(table, self.ledger, policy, dry_run=dry_run)
+
+    def set_enabled(self, table_name: str, enabled: bool) -> None:
+        """Pause or resume compaction and GC of a table, persisted as its compaction.enabled property."""
+        table = load_table(self.catalog, table_name)
+        with table.transaction() as txn:
+            txn.set_properties({ENABLED_PROPERTY: str(enabled).lower()})
 
     def _plan(self, table: Table, table_name: str, partition: str | None) -> tuple[TablePlan, dict[str, LiveFile]]:
         policy = self.policy(table, table_name)

@@ -15,6 +15,7 @@ POINTS = (
     "after_rewrite",  # result files written, ledger row still EXECUTING
     "after_prepare",  # ledger row PREPARED, Iceberg not yet committed
     "after_iceberg_commit",  # snapshot committed, ledger row still PREPARED
+    "gc_after_expire",  # snapshots expired, their files not yet deleted
 )
 
 
