@@ -53,6 +53,15 @@ def test_materialising_a_partition_compacts_it_and_the_check_passes(lake, instan
     meta = materialization_metadata(quiet)
     assert meta["status"] == "skipped" and "min_input_files" in meta["reason"]
 
+    # GC, downstream of the table: the 30 replaced files go once their snapshots expire.
+    with lake.table("ns.t").transaction() as txn:
+        txn.set_properties({"history.expire.max-snapshot-age-ms": "0"})
+    defs = build_definitions(load_config(lake.config_path))
+    gc = defs.resolve_job_def("gc_all_tables").execute_in_process(instance=instance)
+    [event] = gc.asset_materializations_for_node("gc__ns__t")
+    assert event.metadata["files_deleted"].value >= 30 and event.metadata["bytes_reclaimed"].value > 0
+    assert rows_digest(lake.table("ns.t")) == before
+
 
 def test_check_fails_and_blocks_on_a_task_left_prepared_until_recovered(lake, instance):
     table = create_fragmented(lake, "ns.t", {"eu": 30})

@@ -38,6 +38,9 @@ def test_assets_partitions_lineage_and_checks(queued_lake):
         assert (table, "precommit_commit_consistency") in check_keys
     assert defs.resolve_job_def("compact__sales__orders") is not None
     assert {s.name for s in defs.sensors} == {"fragmentation_sensor", "recovery_sensor"}
+    gc = graph.get(AssetKey(["gc", "sales", "orders"]))
+    assert gc.parent_keys == {AssetKey(["lake", "sales", "orders"])}  # GC is downstream of the table
+    assert [s.name for s in defs.schedules] == ["gc_daily"]
 
 
 def test_dagster_validates_the_default_config_and_another_catalog(queued_lake, tmp_path):

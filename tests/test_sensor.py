@@ -122,3 +122,11 @@ def test_changed_queue_limit_applies_on_the_next_tick(queued_lake, instance):
 
     limits = {p.name: p.limit for p in instance.event_log_storage.get_pool_limits()}
     assert limits["compaction-high"] == 5
+
+
+def test_paused_table_gets_no_requests(queued_lake, instance):
+    queued_lake.engine.set_enabled("sales.orders", False)  # what `compaction-assets pause` does
+
+    result = tick(queued_lake, instance)
+
+    assert {t for t, _ in requested(result)} == {"ns.events"}  # flat waits: default queue capacity 2

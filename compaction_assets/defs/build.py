@@ -7,6 +7,7 @@ from dagster import AssetKey, AssetSelection, AssetSpec, Definitions, define_ass
 from compaction_assets.config import CompactionConfig
 from compaction_assets.defs.assets import consistency_check, table_asset
 from compaction_assets.defs.demo_writer import DEMO_WRITER_KEY, orders_stream
+from compaction_assets.defs.gc_assets import gc_asset, gc_schedule
 from compaction_assets.defs.naming import job_name, table_key
 from compaction_assets.defs.resources import CompactionResource, pyspark_resource
 from compaction_assets.defs.sensors import fragmentation_sensor, recover_job, recovery_sensor
@@ -29,6 +30,7 @@ def build_definitions(config: CompactionConfig) -> Definitions:
             policy = Policy()  # the sensor reports the invalid property on every tick
         partitioned[name] = not table.spec().is_unpartitioned()
         assets.append(table_asset(name, rule, partitioned[name], table.location(), policy))
+        assets.append(gc_asset(name))
         checks.append(consistency_check(name, config.state.executing_timeout_seconds))
         jobs.append(define_asset_job(job_name(name), selection=AssetSelection.assets(table_key(name))))
         upstream.update(AssetKey.from_user_string(u) for u in rule.upstream)
@@ -41,6 +43,7 @@ def build_definitions(config: CompactionConfig) -> Definitions:
         assets=assets,
         asset_checks=checks,
         jobs=[*jobs, recover_job],
+        schedules=[gc_schedule(list(partitioned))] if partitioned else [],
         sensors=[
             fragmentation_sensor(partitioned, jobs, scheduling.sensor_interval_seconds),
             recovery_sensor(scheduling.recovery_interval_seconds),
