@@ -142,7 +142,9 @@ def load_config(path: str | os.PathLike[str] | None = None) -> CompactionConfig:
 
 
 def parse_config(raw: dict[str, Any], base_dir: Path, source: str = "<inline>") -> CompactionConfig:
-    """Validate a config mapping; relative paths resolve against `base_dir`."""
+    """Validate a config mapping; `${VAR}` expands from the environment; relative paths resolve
+    against `base_dir`."""
+    raw = _expand_env(raw, source, ())
     try:
         cfg = CompactionConfig.model_validate({**raw, "source": source})
     except ValidationError as exc:
@@ -167,6 +169,28 @@ def _format_validation_error(exc: ValidationError, source: str) -> str:
             msg = err["msg"].removeprefix("Value error, ")
             lines.append(f"  {key}: {msg} (got {err.get('input')!r})")
     return "\n".join(lines)
+
+
+_ENV_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _expand_env(value: Any, source: str, path: tuple) -> Any:
+    """Replace ${NAME} in strings with the environment's value; an unset variable is an error."""
+    if isinstance(value, dict):
+        return {k: _expand_env(v, source, (*path, k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand_env(v, source, (*path, i)) for i, v in enumerate(value)]
+    if not isinstance(value, str):
+        return value
+
+    def lookup(match: re.Match) -> str:
+        name = match.group(1)
+        if name not in os.environ:
+            key = ".".join(str(p) for p in path)
+            raise ConfigError(f"{source}: {key}: environment variable {name} is not set")
+        return os.environ[name]
+
+    return _ENV_VAR.sub(lookup, value)
 
 
 _SQLITE = re.compile(r"^(sqlite(?:\+\w+)?:///)(?!/)(.+)$")

@@ -6,12 +6,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
+import sqlalchemy
 import yaml
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
@@ -61,7 +64,7 @@ class Lake:
 
 
 def write_config(root: Path, tables: list[dict] | None = None, **extra) -> Path:
-    doc = {
+    doc: dict = {
         "catalog": {
             "name": "lake",
             "properties": {"type": "sql", "uri": "sqlite:///catalog.db", "warehouse": "file://warehouse"},
@@ -77,13 +80,61 @@ def write_config(root: Path, tables: list[dict] | None = None, **extra) -> Path:
     return path
 
 
+# The PostgreSQL used by the PostgreSQL variants of the tests (trust auth on this machine's server).
+PG_URL = os.environ.get("COMPACTION_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+
+
+def postgres_unreachable() -> str | None:
+    """Why PostgreSQL tests cannot run here, or None."""
+    try:
+        engine = sqlalchemy.create_engine(PG_URL, connect_args={"connect_timeout": 3})
+        with engine.connect():
+            pass
+        engine.dispose()
+    except Exception as exc:  # any driver or network error means: skip, and say why
+        return f"PostgreSQL at {PG_URL} is unreachable ({type(exc).__name__}); start it to run these tests"
+    return None
+
+
+@contextmanager
+def postgres_schema() -> Iterator[str]:
+    """A fresh schema; yields a URL whose connections use it (search_path), dropped afterwards."""
+    if reason := postgres_unreachable():
+        pytest.skip(reason)
+    schema = f"ca_test_{uuid.uuid4().hex[:12]}"
+    admin = sqlalchemy.create_engine(PG_URL)
+    with admin.begin() as conn:
+        conn.execute(sqlalchemy.text(f"CREATE SCHEMA {schema}"))
+    try:
+        yield f"{PG_URL}?options=-csearch_path%3D{schema}"
+    finally:
+        with admin.begin() as conn:
+            conn.execute(sqlalchemy.text(f"DROP SCHEMA {schema} CASCADE"))
+        admin.dispose()
+
+
+@contextmanager
+def make_lake(root: Path, spark, backend: str = "sqlite") -> Iterator[Lake]:
+    """A lake whose catalog and ledger live in SQLite files, or in a PostgreSQL schema."""
+    with ExitStack() as stack:
+        extra = {}
+        if backend == "postgres":
+            url = stack.enter_context(postgres_schema())
+            catalog = {"name": "lake", "properties": {"type": "sql", "uri": url, "warehouse": "file://warehouse"}}
+            extra = {"catalog": catalog, "state": {"uri": url}}
+        config_path = write_config(root, **extra)
+        engine = Engine(load_config(config_path), spark=lambda: spark)
+        stack.callback(engine.ledger.dispose)
+        engine.catalog.create_namespace("ns")
+        yield Lake(root, config_path, engine)
+        if hasattr(engine.catalog, "engine"):
+            engine.catalog.engine.dispose()
+
+
 @pytest.fixture
 def lake(tmp_path: Path, spark) -> Iterator[Lake]:
-    config_path = write_config(tmp_path)
-    engine = Engine(load_config(config_path), spark=lambda: spark)
-    engine.catalog.create_namespace("ns")
-    yield Lake(tmp_path, config_path, engine)
-    engine.ledger.dispose()
+    with make_lake(tmp_path, spark) as lake:
+        yield lake
 
 
 SCHEMA = Schema(

@@ -3,13 +3,20 @@
 import pytest
 
 import compaction_assets.engine as engine_module
-from compaction_assets.commit.ledger import Ledger, StaleAttempt, Status
+from compaction_assets.commit.ledger import StaleAttempt, Status
 from compaction_assets.commit.two_phase import TASK_ID_PROPERTY
 from compaction_assets.config import load_config
 from compaction_assets.engine import Engine
 from compaction_assets.lake.digest import rows_digest
 from compaction_assets.lake.storage import files_with_prefix
-from tests.conftest import batch, create_fragmented, data_files, write_config
+from tests.conftest import batch, create_fragmented, data_files, make_lake, write_config
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def lake(request, tmp_path, spark):
+    """Every commit, recovery and concurrency test runs on SQLite and on PostgreSQL."""
+    with make_lake(tmp_path, spark, request.param) as lake:
+        yield lake
 
 
 def rows(table) -> list[dict]:
@@ -135,8 +142,8 @@ def test_crash_mid_attempt_is_abandoned_and_partition_can_compact_again(lake):
     assert [p.partition_key for p in lake.engine.plan("ns.t").to_compact] == ["region=eu"]
 
 
-def test_ledger_rejects_reports_from_stale_attempts(tmp_path):
-    ledger = Ledger(f"sqlite:///{tmp_path / 'state.db'}")
+def test_ledger_rejects_reports_from_stale_attempts(lake):
+    ledger = lake.engine.ledger
     args = dict(table_name="ns.t", partition_key="p=1", kind="minor", base_snapshot_id=1, output_dirs=["/x"])
     first = ledger.begin("task-1", source_files=["a"], rows_in=1, bytes_in=1, **args)
     second = ledger.begin("task-1", source_files=["a"], rows_in=1, bytes_in=1, **args)

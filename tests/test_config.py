@@ -93,3 +93,19 @@ def test_invalid_table_property_names_table_and_property(props):
     with pytest.raises(ConfigError) as err:
         resolve_policy("ns.tbl", PolicyConfig(), props)
     assert "ns.tbl" in str(err.value)
+
+
+def test_environment_variables_expand_and_unset_ones_are_named(tmp_path, monkeypatch):
+    uri = "postgresql+psycopg://${PGUSER}:${PGPASSWORD}@${PGHOST}/lake"
+    path = write(
+        tmp_path, {"catalog": {"name": "lake", "properties": {"type": "sql", "uri": uri}}, "state": {"uri": uri}}
+    )
+    monkeypatch.setenv("PGUSER", "svc")
+    monkeypatch.setenv("PGPASSWORD", "s3cret")
+    monkeypatch.setenv("PGHOST", "db.internal")
+    cfg = load_config(path)
+    assert cfg.catalog.properties["uri"] == "postgresql+psycopg://svc:s3cret@db.internal/lake"
+    assert cfg.state_uri == cfg.catalog.properties["uri"]
+    monkeypatch.delenv("PGPASSWORD")
+    with pytest.raises(ConfigError, match="catalog.properties.uri: environment variable PGPASSWORD is not set"):
+        load_config(path)
