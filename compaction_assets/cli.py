@@ -161,21 +161,51 @@ def resume(ctx: click.Context, table: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @click.pass_context
 def status(ctx: click.Context, as_json: bool) -> None:
-    """Compaction tasks by state, and the ones still open."""
+    """Queues (running / queued / capacity / limit), tables (fragmentation, paused, tasks), open tasks."""
     from compaction_assets.commit.ledger import OPEN
+    from compaction_assets.status import as_dict, queue_statuses, table_statuses
 
-    ledger = _engine(ctx).ledger
-    counts = ledger.counts()
-    open_attempts = ledger.attempts(statuses=OPEN)
+    engine = _engine(ctx)
+    tables = table_statuses(engine)
+    queues = queue_statuses(engine, _dagster_queue_load())
+    counts = engine.ledger.counts()
     if as_json:
-        doc = {"tasks_by_state": counts, "open": [_attempt_doc(a) for a in open_attempts]}
-        click.echo(json.dumps(doc, indent=2, default=str))
+        click.echo(json.dumps(as_dict(tables, queues, counts), indent=2, default=str))
         return
-    click.echo("tasks by state: " + (", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none yet"))
-    for a in open_attempts:
+    click.echo(f"{'queue':12} {'running':>8} {'queued':>7} {'capacity':>9} {'limit':>6}")
+    for q in queues:
+        running, queued = ("-", "-") if q.running is None else (q.running, q.queued)
+        click.echo(f"{q.queue:12} {running:>8} {queued:>7} {q.capacity:>9} {q.limit:>6}")
+    click.echo(
+        f"\n{'table':24} {'queue':8} {'files':>6} {'frag':>5} {'small':>5} {'avg bytes':>10} "
+        f"{'to do':>5} {'open':>4}  state / last compaction"
+    )
+    for t in tables:
+        state = "error: " + t.error if t.error else ("PAUSED" if t.paused else "active")
+        click.echo(
+            f"{t.table:24} {t.queue:8} {t.data_files:>6} {t.fragments:>5} {t.small_files:>5} "
+            f"{t.avg_file_bytes:>10} {t.partitions_to_compact:>5} {t.open_tasks:>4}  "
+            f"{state}, {t.last_compaction or 'never'}"
+        )
+    click.echo("\ntasks by state: " + (", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none yet"))
+    for a in engine.ledger.attempts(statuses=OPEN):
         click.echo(
             f"  {a.status:10} {a.table_name} [{a.partition_key or '-'}] attempt {a.attempt_id} since {a.created_at}"
         )
+
+
+def _dagster_queue_load() -> dict[str, tuple[int, int]] | None:
+    """Run counts per queue from the Dagster instance in $DAGSTER_HOME, if there is one."""
+    import os
+
+    if not os.environ.get("DAGSTER_HOME"):
+        return None
+    from dagster import DagsterInstance
+
+    from compaction_assets.defs.sensors import queue_load
+
+    with DagsterInstance.get() as instance:
+        return queue_load(instance)
 
 
 @main.command()
@@ -230,8 +260,3 @@ def _print_outcomes(outcomes: list[PartitionOutcome]) -> None:
             )
         else:
             click.echo(f"{where}: {o.status}: {o.reason}", err=o.status == "failed")
-
-
-def _attempt_doc(a) -> dict:  # noqa: ANN001
-    keep = ("attempt_id", "task_id", "table_name", "partition_key", "kind", "status", "created_at", "reason")
-    return {k: getattr(a, k) for k in keep}

@@ -45,6 +45,10 @@ def test_compact_a_plain_pyiceberg_table_in_another_catalog(tmp_path, lake):
     table = catalog.load_table("ns.tbl")
     assert len(table.inspect.files()) == 1
     assert rows_digest(table) == before
-    status = lake.cli("status", "--json", config=config)
-    assert json.loads(status.stdout)["tasks_by_state"] == {"COMMITTED": 1}
+    status = json.loads(lake.cli("status", "--json", config=config).stdout)
+    assert status["tasks_by_state"] == {"COMMITTED": 1}
+    [row] = status["tables"]
+    assert (row["table"], row["data_files"], row["fragments"], row["paused"]) == ("ns.tbl", 1, 1, False)
+    assert row["last_compaction"] and row["open_tasks"] == 0
+    assert [q["queue"] for q in status["queues"]] == ["default"]
     assert (other / "compaction_state.db").exists()  # the ledger defaults to beside the catalog

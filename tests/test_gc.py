@@ -1,5 +1,6 @@
 """GC: expired snapshots' files and old orphans go; retained, in-flight and fresh files stay."""
 
+import json
 import os
 import time
 from pathlib import Path
@@ -132,3 +133,16 @@ def test_paused_table_is_left_alone_and_policy_comes_from_table_properties(lake)
     assert policy.max_snapshot_age_ms == 0 and policy.min_snapshots_to_keep == 1
     report = lake.engine.gc("ns.t")
     assert set(small) <= set(report.expired_files)
+
+
+def test_status_shows_a_paused_table_as_paused(lake):
+    create_fragmented(lake, "ns.t", {"eu": 6})
+    assert lake.cli("pause", "ns.t").returncode == 0
+
+    run = lake.cli("status")
+
+    assert run.returncode == 0, run.stderr
+    [line] = [x for x in run.stdout.splitlines() if x.startswith("ns.t ")]
+    assert "PAUSED" in line
+    doc = json.loads(lake.cli("status", "--json").stdout)
+    assert doc["tables"][0]["paused"] is True and doc["tables"][0]["fragments"] == 6

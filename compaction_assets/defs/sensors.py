@@ -52,6 +52,17 @@ IN_PROGRESS = [
 ]
 
 
+def queue_load(instance: DagsterInstance) -> dict[str, tuple[int, int]]:
+    """Queue -> (running, queued) compaction runs."""
+    load: dict[str, tuple[int, int]] = {}
+    for run in instance.get_runs(RunsFilter(statuses=IN_PROGRESS)):
+        if queue := run.tags.get(QUEUE_TAG):
+            running, queued = load.get(queue, (0, 0))
+            waiting = run.status in (DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED)
+            load[queue] = (running + (not waiting), queued + waiting)
+    return load
+
+
 @dataclass
 class FragmentationCursor:
     """Last seen snapshot per table, and since when each deferred partition has waited."""

@@ -1,0 +1,92 @@
+"""One picture of the service: per table fragmentation and tasks, per queue load and limits."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+
+from compaction_assets.commit.ledger import OPEN, Status
+from compaction_assets.engine import Engine
+from compaction_assets.errors import CompactionError
+from compaction_assets.lake.catalog import load_table, managed_tables
+
+
+@dataclass(frozen=True)
+class TableStatus:
+    table: str
+    queue: str
+    priority: int
+    paused: bool
+    partitions: int
+    data_files: int
+    fragments: int
+    small_files: int  # undersized: < min_target_size_ratio x target
+    avg_file_bytes: int
+    partitions_to_compact: int
+    open_tasks: int
+    last_compaction: str | None  # when the newest COMMITTED attempt finished
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class QueueStatus:
+    queue: str
+    running: int | None  # None when no Dagster instance is reachable
+    queued: int | None
+    capacity: int
+    limit: int
+
+
+def table_statuses(engine: Engine) -> list[TableStatus]:
+    attempts = engine.ledger.attempts()
+    statuses = []
+    for name in managed_tables(engine.catalog, engine.config):
+        rule = engine.config.rule_for(name)
+        mine = [a for a in attempts if a.table_name == name]
+        committed = [a.finished_at for a in mine if a.status == Status.COMMITTED and a.finished_at]
+        base = {
+            "table": name,
+            "queue": rule.queue,
+            "priority": rule.priority,
+            "open_tasks": sum(a.status in OPEN for a in mine),
+            "last_compaction": max(committed).isoformat() if committed else None,
+        }
+        try:
+            plan = engine.plan_for(load_table(engine.catalog, name), name)
+        except CompactionError as exc:
+            zero = dict.fromkeys(("partitions", "data_files", "fragments", "small_files", "avg_file_bytes"), 0)
+            statuses.append(TableStatus(**base, **zero, paused=False, partitions_to_compact=0, error=str(exc)))
+            continue
+        stats = [p.stats for p in plan.partitions]
+        files = sum(s.data_files for s in stats)
+        statuses.append(
+            TableStatus(
+                **base,
+                paused=not plan.policy.enabled,
+                partitions=len(stats),
+                data_files=files,
+                fragments=sum(s.fragments for s in stats),
+                small_files=sum(s.undersized for s in stats),
+                avg_file_bytes=sum(s.data_bytes for s in stats) // files if files else 0,
+                partitions_to_compact=len(plan.to_compact),
+            )
+        )
+    return statuses
+
+
+def queue_statuses(engine: Engine, load: Mapping[str, tuple[int, int]] | None) -> list[QueueStatus]:
+    """`load`: queue -> (running, queued) from the Dagster instance, if one is reachable."""
+    return [
+        QueueStatus(
+            q.name,
+            load.get(q.name, (0, 0))[0] if load is not None else None,
+            load.get(q.name, (0, 0))[1] if load is not None else None,
+            q.capacity,
+            q.max_concurrent_runs,
+        )
+        for q in engine.config.queues
+    ]
+
+
+def as_dict(tables: list[TableStatus], queues: list[QueueStatus], tasks: Mapping[str, int]) -> dict:
+    return {"queues": [asdict(q) for q in queues], "tables": [asdict(t) for t in tables], "tasks_by_state": dict(tasks)}
