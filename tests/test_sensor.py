@@ -61,6 +61,13 @@ def test_requests_carry_queue_table_and_priority_tags_and_sync_partitions(queued
     assert ("lake__ns__events", "region=eu") in added
     limits = {p.name: p.limit for p in instance.event_log_storage.get_pool_limits()}
     assert limits["compaction-high"] == 2 and limits["compaction-default"] == 1  # from compaction.yaml
+    observed = {
+        (e.asset_key.to_user_string(), e.partition): {k: v.value for k, v in e.metadata.items()}
+        for e in result.asset_events
+    }
+    eu = observed[("lake/sales/orders", "region=eu")]
+    assert eu["data_files"] == 12 and eu["fragments"] == 12 and eu["avg_file_bytes"] > 0
+    assert observed[("lake/ns/flat", None)]["data_files"] == 8  # numeric: plotted by the UI over time
 
 
 def test_unchanged_table_is_not_replanned_and_run_keys_are_stable(queued_lake, instance):

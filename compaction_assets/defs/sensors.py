@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 
 from dagster import (
     AddDynamicPartitionsRequest,
+    AssetObservation,
     DagsterInstance,
     DagsterRunStatus,
     DefaultSensorStatus,
@@ -36,6 +37,7 @@ from compaction_assets.defs.naming import (
     job_name,
     partitions_name,
     pool_name,
+    table_key,
 )
 from compaction_assets.defs.resources import CompactionResource
 from compaction_assets.engine import Engine
@@ -96,8 +98,8 @@ def fragmentation_sensor(tables: dict[str, bool], jobs: list[JobDefinition], int
         jobs=jobs,
         minimum_interval_seconds=interval_seconds,
         default_status=DefaultSensorStatus.RUNNING,
-        description="Plans tables whose snapshot changed and requests compaction of fragmented partitions, "
-        "by priority, within each queue's capacity.",
+        description="Plans tables whose snapshot changed, records their fragmentation as observations, and "
+        "requests compaction of fragmented partitions, by priority, within each queue's capacity.",
     )
     def _sensor(context: SensorEvaluationContext, compaction: CompactionResource) -> SensorResult:
         return evaluate_fragmentation(context, compaction.load(), tables)
@@ -117,6 +119,7 @@ def evaluate_fragmentation(
     now = time.time()
     candidates: list[Candidate] = []
     partition_requests: list = []
+    observations: list[AssetObservation] = []
     unchanged, planned = [], []
     for name, partitioned in tables.items():
         rule = config.rule_for(name)
@@ -140,6 +143,22 @@ def evaluate_fragmentation(
             partition_requests.extend(
                 _partition_sync(context.instance, name, [p.partition_key for p in tplan.partitions])
             )
+        observations.extend(
+            AssetObservation(
+                asset_key=table_key(name),
+                partition=p.partition_key if partitioned else None,
+                metadata={
+                    "data_files": p.stats.data_files,
+                    "fragments": p.stats.fragments,
+                    "small_files": p.stats.undersized,
+                    "avg_file_bytes": p.stats.avg_file_bytes,
+                    "data_bytes": p.stats.data_bytes,
+                    "delete_files": p.stats.delete_files,
+                    "paused": not tplan.policy.enabled,
+                },
+            )
+            for p in tplan.partitions
+        )
         worth = {p.partition_key: p for p in tplan.to_compact}
         for key in waiting:
             if key.split("|", 1)[1] not in worth:
@@ -180,6 +199,7 @@ def evaluate_fragmentation(
     return SensorResult(
         run_requests=run_requests,
         dynamic_partitions_requests=partition_requests,
+        asset_events=observations,
         cursor=cursor.dump(),
         skip_reason=None if run_requests else SkipReason(summary),
     )
