@@ -4,6 +4,7 @@ and task ledger per test, and helpers that write real small Parquet files throug
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import uuid
@@ -28,7 +29,20 @@ from compaction_assets.engine import Engine
 from compaction_assets.execution.spark import spark_session
 
 REPO = Path(__file__).resolve().parent.parent
-CLI = [str(Path(sys.executable).parent / "compaction-assets")]  # the installed console script
+
+
+def venv_bin(name: str) -> str:
+    """A console script installed beside the running interpreter (compaction-assets, dagster, ...)."""
+    return str(Path(sys.executable).parent / name)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+CLI = [venv_bin("compaction-assets")]
 
 
 @pytest.fixture(scope="session")

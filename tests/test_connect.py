@@ -13,15 +13,9 @@ import pytest
 import yaml
 
 from compaction_assets.lake.digest import rows_digest
-from tests.conftest import create_fragmented
+from tests.conftest import create_fragmented, free_port
 
 SBIN = Path(pyspark.__file__).parent / "sbin"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -2,16 +2,15 @@
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 from dagster import AssetKey, DynamicPartitionsDefinition
 
 from compaction_assets.config import load_config
 from compaction_assets.defs.build import build_definitions
-from tests.conftest import REPO
+from tests.conftest import REPO, venv_bin
 
-DAGSTER = str(Path(sys.executable).parent / "dagster")
+DAGSTER = venv_bin("dagster")
 
 
 def validate(config: Path | None, cwd: Path) -> subprocess.CompletedProcess:

@@ -8,16 +8,14 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
-from pathlib import Path
 
 from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, RunsFilter
 from dagster._core.instance.ref import InstanceRef
 
 from compaction_assets.lake.digest import rows_digest
-from tests.conftest import QUEUES, REPO
+from tests.conftest import QUEUES, REPO, venv_bin
 
 RUNNING = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
 LIMITS = {q["name"]: q["max_concurrent_runs"] for q in QUEUES}
@@ -33,7 +31,7 @@ def test_daemon_compacts_the_lake_within_queue_limits(queued_lake, tmp_path):
     shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
     env = {**os.environ, "DAGSTER_HOME": str(home), "COMPACTION_CONFIG": str(queued_lake.config_path)}
     daemon = subprocess.Popen(
-        [str(Path(sys.executable).parent / "dagster-daemon"), "run", "-w", str(REPO / "workspace.yaml")],
+        [venv_bin("dagster-daemon"), "run", "-w", str(REPO / "workspace.yaml")],
         cwd=REPO,
         env=env,
         stdout=subprocess.DEVNULL,

@@ -6,9 +6,7 @@ Screenshots go to a temporary folder; set COMPACTION_SCREENSHOTS_DIR=docs to ref
 import os
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -21,7 +19,7 @@ from compaction_assets.config import load_config
 from compaction_assets.defs.build import build_definitions
 from compaction_assets.demo import create_demo_lake
 from compaction_assets.engine import Engine
-from tests.conftest import REPO
+from tests.conftest import REPO, free_port, venv_bin
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # Without the background-networking flags Chromium keeps dialling out on this closed network.
@@ -35,12 +33,6 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 ORDERS_PARTITIONS = ["region=apac", "region=eu", "region=us"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -67,9 +59,8 @@ def demo_ui(tmp_path_factory, spark):
 
     port = free_port()
     env = {**os.environ, "DAGSTER_HOME": str(home), "COMPACTION_CONFIG": str(root / "compaction.yaml")}
-    dagster = str(Path(sys.executable).parent / "dagster")
     server = subprocess.Popen(
-        [dagster, "dev", "-h", "127.0.0.1", "-p", str(port), "-w", str(REPO / "workspace.yaml")],
+        [venv_bin("dagster"), "dev", "-h", "127.0.0.1", "-p", str(port), "-w", str(REPO / "workspace.yaml")],
         cwd=root,
         env=env,
         stdout=subprocess.DEVNULL,
