@@ -45,7 +45,9 @@ class CatalogConfig(_Strict):
 
 class StateConfig(_Strict):
     uri: str | None = None
-    executing_timeout_seconds: PositiveInt = 3600
+    # An open attempt whose heartbeat is older than this is dead (its process or host is gone).
+    executing_timeout_seconds: PositiveInt = 60
+    heartbeat_seconds: Annotated[float, Field(gt=0)] = 10
 
 
 class SparkConfig(_Strict):
@@ -95,6 +97,8 @@ class CompactionConfig(_Strict):
 
     @model_validator(mode="after")
     def _queues_are_declared(self) -> CompactionConfig:
+        if self.state.heartbeat_seconds * 3 > self.state.executing_timeout_seconds:
+            raise ValueError("state.heartbeat_seconds: must be at most a third of state.executing_timeout_seconds")
         names = [q.name for q in self.queues]
         if len(set(names)) != len(names):
             raise ValueError(f"queues: duplicate queue names in {names}")

@@ -17,6 +17,7 @@ from pyiceberg.table.sorting import SortDirection
 from pyiceberg.transforms import DayTransform, HourTransform, IdentityTransform, MonthTransform, YearTransform
 from pyspark.sql import SparkSession
 
+from compaction_assets.commit.heartbeat import Heartbeat
 from compaction_assets.commit.ledger import Attempt, Ledger, StaleAttempt
 from compaction_assets.commit.recovery import RecoveryReport, recover
 from compaction_assets.commit.two_phase import abandon, commit_prepared
@@ -133,17 +134,20 @@ class Engine:
             "%s: compacting %d partition(s): %s", table_name, len(todo), ", ".join(p.partition_key or "-" for p in todo)
         )
         crash_point("after_plan")
-        work, job = self._begin(table, table_name, tplan, files, todo, task_id)
-        try:
-            results = run_rewrite(self._spark_factory(), job)
-        except Exception as exc:
-            message = _first_line(exc)
+        with Heartbeat(self.ledger, self.config.state.heartbeat_seconds) as heartbeat:
+            work, job = self._begin(table, table_name, tplan, files, todo, task_id)
             for item in work:
-                abandon(table, self.ledger, item.attempt, f"rewrite job failed: {message}")
-            raise CompactionError(f"{table_name}: rewrite job failed: {message}") from exc
-        crash_point("after_rewrite")
-        for item in work:
-            outcomes.append(self._finish(table, item, [results[i] for i in item.groups], started))
+                heartbeat.track(item.attempt.attempt_id)
+            try:
+                results = run_rewrite(self._spark_factory(), job)
+            except Exception as exc:
+                message = _first_line(exc)
+                for item in work:
+                    abandon(table, self.ledger, item.attempt, f"rewrite job failed: {message}")
+                raise CompactionError(f"{table_name}: rewrite job failed: {message}") from exc
+            crash_point("after_rewrite")
+            for item in work:
+                outcomes.append(self._finish(table, item, [results[i] for i in item.groups], started))
         return outcomes
 
     def recover(self) -> RecoveryReport:

@@ -196,6 +196,17 @@ class Ledger:
     def mark_rolled_back(self, attempt_id: str, reason: str) -> Attempt:
         return self._transition(attempt_id, list(OPEN), Status.ROLLED_BACK, reason=reason)
 
+    def heartbeat(self, attempt_ids: list[str]) -> None:
+        """Mark open attempts as alive (recovery treats a long-silent open attempt as dead)."""
+        if not attempt_ids:
+            return
+        with Session(self._engine) as session, session.begin():
+            session.execute(
+                update(AttemptRow)
+                .where(AttemptRow.attempt_id.in_(attempt_ids), AttemptRow.status.in_([str(s) for s in OPEN]))
+                .values(updated_at=_now())
+            )
+
     def get(self, attempt_id: str) -> Attempt | None:
         with Session(self._engine) as session:
             row = session.get(AttemptRow, attempt_id)

@@ -52,7 +52,7 @@ def orphaned_because(attempt: Attempt, cutoff: dt.datetime) -> str | None:
     if process_gone(attempt):
         return f"process {attempt.pid} on {attempt.host} is gone"
     if attempt.updated_at < cutoff:
-        return "no progress within the executing timeout"
+        return "no heartbeat within state.executing_timeout_seconds"
     return None
 
 

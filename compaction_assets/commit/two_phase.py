@@ -8,6 +8,8 @@ A commit that gives way deletes the attempt's own files and ends ROLLED_BACK.
 
 from __future__ import annotations
 
+import time
+
 from pyiceberg.exceptions import CommitFailedException, ValidationException
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
@@ -16,7 +18,7 @@ from compaction_assets.commit.ledger import Attempt, Ledger, StaleAttempt, Statu
 from compaction_assets.errors import BackOff
 from compaction_assets.faults import crash_point
 from compaction_assets.lake.datafile_codec import datafile_from_json
-from compaction_assets.lake.files import live_data_files_by_path
+from compaction_assets.lake.files import live_files
 from compaction_assets.lake.storage import delete_files, files_with_prefix
 
 TASK_ID_PROPERTY = "compaction.task-id"
@@ -36,44 +38,60 @@ def commit_snapshot(table: Table, attempt: Attempt) -> Snapshot | None:
     return None
 
 
+MAX_COMMIT_TRIES = 8
+
+
 def commit_prepared(table: Table, ledger: Ledger, attempt: Attempt) -> Attempt:
     """Swap sources for results in one snapshot; raises BackOff (after rolling back) if it cannot.
 
-    Liveness is checked on the catalog's current state; a change landing after that check makes
-    pyiceberg's commit retry fail its required-delete validation, which backs off the same way.
-    Before giving up, it looks for a snapshot carrying this attempt (committed by a concurrent
-    recovery), so a committed attempt is never rolled back.
+    Each try starts from the catalog's current state: if a snapshot already carries the attempt
+    (a concurrent recovery committed it), confirm it; if a source is no longer live, or a delete
+    file appeared in the partition (rewriting would resurrect deleted rows), roll back. pyiceberg
+    validates required deletes and new delete files again at commit. Its serializable check also
+    fails a commit when rows were appended to the partition meanwhile: that is no conflict for a
+    rewrite, so the commit is tried again from the new state, a bounded number of times.
     """
-    table.refresh()
-    if commit_snapshot(table, attempt) is not None:
-        return confirm_committed(table, ledger, attempt)
-    live = live_data_files_by_path(table)
-    missing = [p for p in attempt.source_files if p not in live]
-    if missing:
-        raise roll_back(
-            table,
-            ledger,
-            attempt,
-            f"{len(missing)} of {len(attempt.source_files)} source file(s) are no longer live "
-            f"(e.g. {missing[0]}): a concurrent change replaced them",
-        )
-    properties = {TASK_ID_PROPERTY: attempt.task_id, ATTEMPT_ID_PROPERTY: attempt.attempt_id}
-    txn = table.transaction()
-    try:
-        with txn.update_snapshot(snapshot_properties=properties).overwrite() as overwrite:
-            for path in attempt.source_files:
-                overwrite.delete_data_file(live[path])
-            for doc in attempt.result_files:
-                overwrite.append_data_file(datafile_from_json(doc))
-        txn.commit_transaction()
-    except (CommitFailedException, ValidationException) as exc:
-        # Both guarantee this commit did not land; a concurrent recovery's commit may have.
+    last_error: Exception | None = None
+    for attempt_no in range(MAX_COMMIT_TRIES):
         table.refresh()
         if commit_snapshot(table, attempt) is not None:
             return confirm_committed(table, ledger, attempt)
-        raise roll_back(table, ledger, attempt, f"commit gave way to a concurrent change: {exc}") from exc
-    crash_point("after_iceberg_commit")
-    return confirm_committed(table, ledger, attempt)
+        files = live_files(table)
+        live = {f.path: f.data_file for f in files if not f.is_delete}
+        missing = [p for p in attempt.source_files if p not in live]
+        if missing:
+            raise roll_back(
+                table,
+                ledger,
+                attempt,
+                f"{len(missing)} of {len(attempt.source_files)} source file(s) are no longer live "
+                f"(e.g. {missing[0]}): a concurrent change replaced them",
+            )
+        if deletes := [f.path for f in files if f.is_delete and f.partition_key == attempt.partition_key]:
+            raise roll_back(table, ledger, attempt, f"delete file(s) appeared in the partition, e.g. {deletes[0]}")
+        try:
+            _commit_once(table, attempt, live)
+        except (CommitFailedException, ValidationException) as exc:  # guaranteed not to have landed
+            last_error = exc
+            time.sleep(min(0.05 * 2**attempt_no, 1.0))
+            continue
+        crash_point("after_iceberg_commit")
+        return confirm_committed(table, ledger, attempt)
+    table.refresh()
+    if commit_snapshot(table, attempt) is not None:
+        return confirm_committed(table, ledger, attempt)
+    raise roll_back(table, ledger, attempt, f"commit gave way {MAX_COMMIT_TRIES} times; last: {last_error}")
+
+
+def _commit_once(table: Table, attempt: Attempt, live: dict) -> None:
+    properties = {TASK_ID_PROPERTY: attempt.task_id, ATTEMPT_ID_PROPERTY: attempt.attempt_id}
+    txn = table.transaction()
+    with txn.update_snapshot(snapshot_properties=properties).overwrite() as overwrite:
+        for path in attempt.source_files:
+            overwrite.delete_data_file(live[path])
+        for doc in attempt.result_files:
+            overwrite.append_data_file(datafile_from_json(doc))
+    txn.commit_transaction()
 
 
 def confirm_committed(table: Table, ledger: Ledger, attempt: Attempt) -> Attempt:

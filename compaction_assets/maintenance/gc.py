@@ -87,8 +87,8 @@ def collect_garbage(
     snapshots = table.metadata.snapshots
     kept = _snapshots_to_keep(table, policy, now_ms)
     expired = [s for s in snapshots if s.snapshot_id not in kept]
-    retained_files = _reachable(table, [s for s in snapshots if s.snapshot_id in kept])
-    expired_only = sorted(_reachable(table, expired) - retained_files)
+    retained_files = reachable(table, [s for s in snapshots if s.snapshot_id in kept])
+    expired_only = sorted(reachable(table, expired) - retained_files)
     owners = [a.attempt_id for a in ledger.attempts(statuses=OPEN, table_name=name)]
     orphans = _orphans(location, retained_files, owners, now_ms - policy.orphan_grace_ms)
     outside = [p for p in [*expired_only, *orphans] if not is_inside(p, location)]
@@ -117,7 +117,7 @@ def _snapshots_to_keep(table: Table, policy: GcPolicy, now_ms: int) -> set[int]:
     return keep
 
 
-def _reachable(table: Table, snapshots: Iterable[Snapshot]) -> set[str]:
+def reachable(table: Table, snapshots: Iterable[Snapshot]) -> set[str]:
     """Manifest lists, manifests and live data/delete files of the given snapshots."""
     files: set[str] = set()
     seen_manifests: set[str] = set()
