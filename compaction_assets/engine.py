@@ -272,6 +272,13 @@ class Engine:
             abandon(table, self.ledger, attempt, f"stale: {exc}")
             outcome.reason = str(exc)
             return outcome
+        except Exception as exc:  # catalog unreachable or locked, table dropped: outcome unknown
+            log.warning("%s [%s]: commit failed: %s", attempt.table_name, plan.partition_key or "-", exc)
+            outcome.reason = (
+                f"commit outcome unknown ({type(exc).__name__}: {_first_line(exc)}); the attempt stays "
+                "PREPARED and recovery finishes it once this process has exited"
+            )
+            return outcome
         finally:
             outcome.seconds = time.monotonic() - started
         outcome.status = "committed"
