@@ -11,6 +11,7 @@ CRASH_ENV = "COMPACTION_CRASH_AT"
 CRASH_EXIT_CODE = 137
 
 POINTS = (
+    "worker_mid_group",  # inside a Spark Python worker, after part of a group was written
     "after_plan",
     "after_rewrite",  # result files written, ledger row still EXECUTING
     "after_prepare",  # ledger row PREPARED, Iceberg not yet committed

@@ -61,8 +61,8 @@ class SoakFigures:
         ]
 
 
-def run_soak(minutes: float, seed: int, workdir: Path | None = None, log=print) -> SoakFigures:  # noqa: ANN001
-    rng = random.Random(seed)
+def run_soak(minutes: float, seed: int, workdir: Path | None = None, log=print, slots: int = 2) -> SoakFigures:  # noqa: ANN001
+    """`slots` fault loops run side by side, each with its own schedule drawn from the seed."""
     root = Path(workdir or tempfile.mkdtemp(prefix="compaction-soak-"))
     root.mkdir(parents=True, exist_ok=True)
     config_path = _write_config(root)
@@ -74,25 +74,16 @@ def run_soak(minutes: float, seed: int, workdir: Path | None = None, log=print) 
     writer = threading.Thread(target=_write, args=(config_path, seed, oracle, figures, stop), daemon=True)
     writer.start()
     deadline = time.monotonic() + minutes * 60
-    log(f"soak: seed {seed}, {minutes:g} min, lake in {root}")
-    while time.monotonic() < deadline:
-        if rng.random() < 0.1:
-            fault = rng.choice(("gc_after_expire", "none"))
-            args = ["gc", TABLE]
-        else:
-            fault = rng.choices(COMPACTION_FAULTS, FAULT_WEIGHTS)[0]
-            partition = rng.choice((*REGIONS, None))
-            args = ["compact", TABLE, *(["--partition", f"region={partition}"] if partition else [])]
-        delay = rng.uniform(0.5, 12.0)
-        killed_at = _run_process(config_path, args, fault, delay)
-        figures.processes += 1
-        report = engine.recover()  # what the recovery sensor's run does
-        if killed_at is not None:
-            figures.kills += 1
-            figures.max_recovery_s = max(figures.max_recovery_s, time.monotonic() - killed_at)
-        outcome = "clean" if killed_at is None else _outcome(report)
-        figures.faults[fault][outcome] += 1
-        log(f"  {args[0]} {' '.join(args[2:]) or 'all'}: fault {fault}: {outcome}")
+    lock = threading.Lock()
+    log(f"soak: seed {seed}, {minutes:g} min, {slots} slot(s), lake in {root}")
+    loops = [
+        threading.Thread(target=_fault_loop, args=(config_path, seed * 1000 + slot, deadline, figures, lock, log))
+        for slot in range(slots)
+    ]
+    for loop in loops:
+        loop.start()
+    for loop in loops:
+        loop.join()
     stop.set()
     writer.join()
     engine.recover()
@@ -101,6 +92,29 @@ def run_soak(minutes: float, seed: int, workdir: Path | None = None, log=print) 
     for line in figures.lines():
         log(line)
     return figures
+
+
+def _fault_loop(config_path: Path, seed: int, deadline: float, figures: SoakFigures, lock, log) -> None:  # noqa: ANN001
+    rng = random.Random(seed)
+    engine = Engine(load_config(config_path))  # its own catalog and ledger connections
+    while time.monotonic() < deadline:
+        if rng.random() < 0.1:
+            fault = rng.choice(("gc_after_expire", "none"))
+            args = ["gc", TABLE]
+        else:
+            fault = rng.choices(COMPACTION_FAULTS, FAULT_WEIGHTS)[0]
+            partition = rng.choice((*REGIONS, None))
+            args = ["compact", TABLE, *(["--partition", f"region={partition}"] if partition else [])]
+        killed_at = _run_process(config_path, args, fault, rng.uniform(0.5, 12.0))
+        report = engine.recover()  # what the recovery sensor's run does; live processes are left alone
+        outcome = "clean" if killed_at is None else _outcome(report)
+        with lock:
+            figures.processes += 1
+            if killed_at is not None:
+                figures.kills += 1
+                figures.max_recovery_s = max(figures.max_recovery_s, time.monotonic() - killed_at)
+            figures.faults[fault][outcome] += 1
+        log(f"  {args[0]} {' '.join(args[2:]) or 'all'}: fault {fault}: {outcome}")
 
 
 def _outcome(report) -> str:  # noqa: ANN001 - RecoveryReport

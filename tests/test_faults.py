@@ -5,6 +5,7 @@ sensor's run calls), then the invariants against an oracle of acknowledged rows.
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import time
 from collections import Counter
@@ -144,3 +145,36 @@ def test_table_dropped_after_precommit_is_rolled_back_by_recovery(lake):
     [attempt] = lake.engine.ledger.attempts()
     assert report.rolled_back == [attempt.attempt_id]
     assert attempt.status == Status.ROLLED_BACK and "dropped" in attempt.reason
+
+
+def test_spark_worker_dying_mid_group_fails_cleanly_and_the_retry_commits(lake):
+    oracle = oracle_of(create_fragmented(lake, "ns.t", {"eu": 20}))
+
+    died = lake.cli("compact", "ns.t", crash_at="worker_mid_group")  # the Python worker dies, not the driver
+
+    assert died.returncode == 2 and "rewrite job failed" in died.stderr
+    [attempt] = lake.engine.ledger.attempts()
+    assert attempt.status == Status.FAILED  # its partial files were deleted
+    retried = lake.cli("compact", "ns.t")  # what Dagster's run retry does
+    assert retried.returncode == 0, retried.stderr
+    assert lake.engine.ledger.counts() == {"FAILED": 1, "COMMITTED": 1}
+    assert_invariants(lake, "ns.t", oracle)
+
+
+def test_catalog_locked_at_commit_time(lake):
+    oracle = oracle_of(create_fragmented(lake, "ns.t", {"eu": 20}))
+    catalog_db = lake.root / "catalog.db"
+    lock = sqlite3.connect(catalog_db, timeout=0)
+    lock.execute("BEGIN IMMEDIATE")  # readers go on (planning works); every catalog write waits, then fails
+    try:
+        run = lake.cli("compact", "ns.t")
+    finally:
+        lock.rollback()
+        lock.close()
+
+    assert "committed" not in run.stdout
+    [attempt] = lake.engine.ledger.attempts()
+    assert attempt.status in (Status.PREPARED, Status.ROLLED_BACK), attempt
+    lake.engine.recover()  # the process is gone: a PREPARED attempt is recommitted now
+    assert lake.engine.ledger.attempts(statuses=[Status.PREPARED, Status.EXECUTING]) == []
+    assert_invariants(lake, "ns.t", oracle)

@@ -11,8 +11,11 @@ from __future__ import annotations
 import time
 
 from pyiceberg.exceptions import CommitFailedException, ValidationException
+from pyiceberg.expressions import AlwaysFalse
 from pyiceberg.table import Table
-from pyiceberg.table.snapshots import Snapshot
+from pyiceberg.table.snapshots import Operation, Snapshot
+from pyiceberg.table.update.snapshot import _OverwriteFiles
+from pyiceberg.table.update.validate import _validate_data_files_exist, _validate_no_new_deletes_for_data_files
 
 from compaction_assets.commit.ledger import Attempt, Ledger, StaleAttempt, Status
 from compaction_assets.errors import BackOff
@@ -47,9 +50,8 @@ def commit_prepared(table: Table, ledger: Ledger, attempt: Attempt) -> Attempt:
     Each try starts from the catalog's current state: if a snapshot already carries the attempt
     (a concurrent recovery committed it), confirm it; if a source is no longer live, or a delete
     file appeared in the partition (rewriting would resurrect deleted rows), roll back. pyiceberg
-    validates required deletes and new delete files again at commit. Its serializable check also
-    fails a commit when rows were appended to the partition meanwhile: that is no conflict for a
-    rewrite, so the commit is tried again from the new state, a bounded number of times.
+    validates, at commit and on its own retries, that the replaced files still exist and gained
+    no delete files (RewriteFiles semantics, see _RewriteFiles); appends do not conflict.
     """
     last_error: Exception | None = None
     for attempt_no in range(MAX_COMMIT_TRIES):
@@ -83,10 +85,26 @@ def commit_prepared(table: Table, ledger: Ledger, attempt: Attempt) -> Attempt:
     raise roll_back(table, ledger, attempt, f"commit gave way {MAX_COMMIT_TRIES} times; last: {last_error}")
 
 
+class _RewriteFiles(_OverwriteFiles):
+    """An overwrite with Iceberg RewriteFiles validation: rows appended concurrently are no conflict
+    for a rewrite (pyiceberg's serializable check says they are); replaced files that vanished,
+    or gained delete files, are. pyiceberg re-runs this on every commit retry."""
+
+    def _validate_concurrency(self) -> None:
+        window = self._commit_window
+        if window is None or window.is_empty() or window.head is None:
+            return
+        table = self._transaction._table
+        predicate = self._predicate if self._predicate != AlwaysFalse() else None
+        _validate_data_files_exist(table, window.head, self._deleted_data_files, window.base)
+        _validate_no_new_deletes_for_data_files(table, window.head, predicate, self._deleted_data_files, window.base)
+
+
 def _commit_once(table: Table, attempt: Attempt, live: dict) -> None:
     properties = {TASK_ID_PROPERTY: attempt.task_id, ATTEMPT_ID_PROPERTY: attempt.attempt_id}
     txn = table.transaction()
-    with txn.update_snapshot(snapshot_properties=properties).overwrite() as overwrite:
+    rewrite = _RewriteFiles(operation=Operation.OVERWRITE, transaction=txn, io=table.io, snapshot_properties=properties)
+    with rewrite as overwrite:
         for path in attempt.source_files:
             overwrite.delete_data_file(live[path])
         for doc in attempt.result_files:

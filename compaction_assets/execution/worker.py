@@ -27,6 +27,7 @@ from pyiceberg.table.metadata import TableMetadata, TableMetadataUtil
 from pyiceberg.typedef import Record
 
 from compaction_assets.errors import InputFileError
+from compaction_assets.faults import crash_point
 from compaction_assets.lake.datafile_codec import datafile_from_json, datafile_to_json, decode_partition
 
 MiB = 1024 * 1024
@@ -139,6 +140,8 @@ def rewrite_group(job: RewriteJob, index: int) -> GroupOutcome:
         for batch in batches:
             rows += batch.num_rows
             writer.write(batch)
+            if rows >= spec.sources[0].records:
+                crash_point("worker_mid_group")
         return GroupOutcome(index, writer.close(), None, rows, sum(s.size for s in spec.sources))
     except Exception as exc:  # reported to the driver, which fails the attempt with this message
         writer.abort()
