@@ -211,22 +211,23 @@ def _dagster_queue_load() -> dict[str, tuple[int, int]] | None:
 @main.command()
 @click.option("--minutes", default=10.0, show_default=True, help="how long to inject faults")
 @click.option("--seed", default=1, show_default=True, help="the schedule of faults; the same seed replays it")
+@click.option("--slots", default=4, show_default=True, help="fault loops running side by side")
 @click.option("--dir", "workdir", type=click.Path(), default=None, help="scratch lake (default: a temp folder)")
 @click.option("--update-readme", type=click.Path(exists=True), default=None, help="rewrite its reliability section")
-def soak(minutes: float, seed: int, workdir: str | None, update_readme: str | None) -> None:
+def soak(minutes: float, seed: int, slots: int, workdir: str | None, update_readme: str | None) -> None:
     """Writers, compactions, GC and random kills together on a scratch lake; then the invariants."""
     from pathlib import Path
 
     from compaction_assets.soak import readme_section, run_soak
 
-    figures = run_soak(minutes, seed, Path(workdir) if workdir else None, log=click.echo)
+    figures = run_soak(minutes, seed, Path(workdir) if workdir else None, log=click.echo, slots=slots)
     if update_readme:
         path = Path(update_readme)
         text = path.read_text()
         begin, end = "<!-- reliability:begin -->", "<!-- reliability:end -->"
         head, _, rest = text.partition(begin)
         _, _, tail = rest.partition(end)
-        section = readme_section(figures, f"compaction-assets soak --minutes {minutes:g} --seed {seed}")
+        section = readme_section(figures, f"compaction-assets soak --minutes {minutes:g} --seed {seed} --slots {slots}")
         path.write_text(f"{head}{begin}\n{section}\n{end}{tail}")
     if not figures.invariants.ok:
         sys.exit(1)

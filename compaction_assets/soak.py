@@ -61,7 +61,7 @@ class SoakFigures:
         ]
 
 
-def run_soak(minutes: float, seed: int, workdir: Path | None = None, log=print, slots: int = 2) -> SoakFigures:  # noqa: ANN001
+def run_soak(minutes: float, seed: int, workdir: Path | None = None, log=print, slots: int = 4) -> SoakFigures:  # noqa: ANN001
     """`slots` fault loops run side by side, each with its own schedule drawn from the seed."""
     root = Path(workdir or tempfile.mkdtemp(prefix="compaction-soak-"))
     root.mkdir(parents=True, exist_ok=True)
@@ -98,7 +98,7 @@ def _fault_loop(config_path: Path, seed: int, deadline: float, figures: SoakFigu
     rng = random.Random(seed)
     engine = Engine(load_config(config_path))  # its own catalog and ledger connections
     while time.monotonic() < deadline:
-        if rng.random() < 0.1:
+        if rng.random() < 0.2:  # GC often enough to keep the snapshot history short
             fault = rng.choice(("gc_after_expire", "none"))
             args = ["gc", TABLE]
         else:
@@ -162,7 +162,7 @@ def _write(config_path: Path, seed: int, oracle: Counter, figures: SoakFigures, 
     rng = random.Random(seed + 1)
     table = load_table(open_catalog(load_config(config_path).catalog), TABLE)
     next_id = 0
-    while not stop.wait(0.3):
+    while not stop.wait(1.0):  # one commit a second: a busy streaming sink
         region = rng.choice(REGIONS)
         rows = [{"id": next_id + i, "region": region, "payload": f"{seed}-{next_id + i}"} for i in range(20)]
         next_id += 20
