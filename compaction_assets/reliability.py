@@ -6,14 +6,13 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from pyarrow import fs as pafs
-
 from compaction_assets.commit.consistency import check_consistency
 from compaction_assets.commit.ledger import OPEN
 from compaction_assets.engine import Engine
 from compaction_assets.lake.catalog import load_table
 from compaction_assets.lake.digest import table_row_hashes
 from compaction_assets.lake.files import live_files
+from compaction_assets.lake.storage import table_files
 from compaction_assets.maintenance.gc import ORPHAN_SUFFIXES, GcPolicy, collect_garbage, reachable
 
 FINAL_GC = GcPolicy(max_snapshot_age_ms=0, min_snapshots_to_keep=1, orphan_grace_ms=0)
@@ -60,15 +59,5 @@ def check_invariants(engine: Engine, table_name: str, oracle: Counter[bytes]) ->
 
 def unreferenced_files(table) -> list[str]:  # noqa: ANN001 - a pyiceberg Table
     """Data and manifest files under the table location that no snapshot of it references."""
-    location = table.location().rstrip("/")
-    filesystem, root = pafs.FileSystem.from_uri(location)
-    scheme = location.split("://", 1)[0]
     referenced = reachable(table, table.metadata.snapshots)
-    infos = filesystem.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
-    return sorted(
-        f"{scheme}://{i.path}"
-        for i in infos
-        if i.type == pafs.FileType.File
-        and i.base_name.endswith(ORPHAN_SUFFIXES)
-        and f"{scheme}://{i.path}" not in referenced
-    )
+    return sorted(uri for uri in table_files(table.location().rstrip("/"), ORPHAN_SUFFIXES) if uri not in referenced)

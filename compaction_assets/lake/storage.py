@@ -26,6 +26,18 @@ def files_with_prefix(directory: str, prefix: str) -> list[str]:
     )
 
 
+def table_files(location: str, suffixes: tuple[str, ...]) -> dict[str, int | None]:
+    """URI -> modification time (ms) of every file under `location` whose name ends in `suffixes`."""
+    filesystem, root = pafs.FileSystem.from_uri(location)
+    scheme = location.split("://", 1)[0] if "://" in location else "file"
+    infos = filesystem.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
+    return {
+        f"{scheme}://{i.path}": (i.mtime_ns // 1_000_000 if i.mtime_ns is not None else None)
+        for i in infos
+        if i.type == pafs.FileType.File and i.base_name.endswith(suffixes)
+    }
+
+
 def is_inside(path: str, location: str) -> bool:
     return path.startswith(location.rstrip("/") + "/")
 

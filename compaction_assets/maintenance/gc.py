@@ -24,7 +24,7 @@ from compaction_assets.commit.ledger import OPEN, Ledger
 from compaction_assets.config import GcConfig
 from compaction_assets.errors import ConfigError
 from compaction_assets.faults import crash_point
-from compaction_assets.lake.storage import OutsideTableLocation, delete_files, is_inside
+from compaction_assets.lake.storage import OutsideTableLocation, delete_files, is_inside, table_files
 from compaction_assets.planning.policy import ENABLED_PROPERTY
 
 HOUR_MS = 3600 * 1000
@@ -133,19 +133,14 @@ def reachable(table: Table, snapshots: Iterable[Snapshot]) -> set[str]:
 
 
 def _orphans(location: str, referenced: set[str], owners: list[str], older_than_ms: int) -> list[str]:
-    filesystem, root = pafs.FileSystem.from_uri(location)
-    scheme = location.split("://", 1)[0] if "://" in location else "file"
-    infos = filesystem.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
-    orphans = []
-    for info in infos:
-        if info.type != pafs.FileType.File or not info.base_name.endswith(ORPHAN_SUFFIXES):
-            continue
-        uri = f"{scheme}://{info.path}"
-        if uri in referenced or any(info.base_name.startswith(owner) for owner in owners):
-            continue
-        if info.mtime_ns is not None and info.mtime_ns // 1_000_000 < older_than_ms:
-            orphans.append(uri)
-    return sorted(orphans)
+    return sorted(
+        uri
+        for uri, mtime_ms in table_files(location, ORPHAN_SUFFIXES).items()
+        if uri not in referenced
+        and not any(uri.rsplit("/", 1)[-1].startswith(owner) for owner in owners)
+        and mtime_ms is not None
+        and mtime_ms < older_than_ms
+    )
 
 
 def _sizes(location: str, paths: list[str]) -> dict[str, int]:
