@@ -108,13 +108,15 @@ def _fault_loop(config_path: Path, seed: int, deadline: float, figures: SoakFigu
         killed_at = _run_process(config_path, args, fault, rng.uniform(0.5, 12.0))
         report = engine.recover()  # what the recovery sensor's run does; live processes are left alone
         outcome = "clean" if killed_at is None else _outcome(report)
+        recovered_in = None if killed_at is None else time.monotonic() - killed_at
         with lock:
             figures.processes += 1
-            if killed_at is not None:
+            if recovered_in is not None:
                 figures.kills += 1
-                figures.max_recovery_s = max(figures.max_recovery_s, time.monotonic() - killed_at)
+                figures.max_recovery_s = max(figures.max_recovery_s, recovered_in)
             figures.faults[fault][outcome] += 1
-        log(f"  {args[0]} {' '.join(args[2:]) or 'all'}: fault {fault}: {outcome}")
+        took = "" if recovered_in is None else f" (recovered {recovered_in:.1f}s after the kill)"
+        log(f"  {args[0]} {' '.join(args[2:]) or 'all'}: fault {fault}: {outcome}{took}")
 
 
 def _outcome(report) -> str:  # noqa: ANN001 - RecoveryReport

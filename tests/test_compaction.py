@@ -14,7 +14,7 @@ from compaction_assets.commit.ledger import Status
 from compaction_assets.commit.two_phase import ATTEMPT_ID_PROPERTY, TASK_ID_PROPERTY
 from compaction_assets.demo import append_fragments
 from compaction_assets.lake.digest import rows_digest
-from tests.conftest import batch, create_fragmented, data_files
+from tests.conftest import SCHEMA, batch, create_fragmented, data_files
 
 TARGET = 64 * 1024  # the lake fixture's target_file_size_bytes
 
@@ -118,3 +118,20 @@ def test_major_compaction_sorts_by_the_table_sort_order(lake):
     for f in data_files(table):
         ids = pq.read_table(local(f["file_path"]), columns=["id"]).column("id").to_pylist()
         assert ids == sorted(ids)
+
+
+def test_compaction_folds_a_streaming_writers_manifests(lake):
+    """One manifest per fast append piles up; the rewrite merges them as Java's RewriteFiles does."""
+    table = lake.catalog.create_table("ns.stream", schema=SCHEMA)
+    for i in range(130):
+        table.append(batch(i * 10, 10, "eu" if i % 2 else "us"))
+    before = rows_digest(table)
+    assert len(table.current_snapshot().manifests(table.io)) == 130
+
+    outcomes = lake.engine.compact("ns.stream")
+
+    assert [o.status for o in outcomes] == ["committed"]
+    table = lake.table("ns.stream")
+    assert len(table.current_snapshot().manifests(table.io)) <= 2
+    assert rows_digest(table) == before
+    assert len(data_files(table)) < 10

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.table import Table
 
+from compaction_assets.lake.manifest_cache import live_entries
+
 
 @dataclass(frozen=True)
 class LiveFile:
@@ -57,16 +59,16 @@ def live_files(table: Table) -> list[LiveFile]:
     if snapshot is None:
         return []
     added_at = {s.snapshot_id: s.timestamp_ms for s in table.metadata.snapshots}
+    keys: dict[tuple, str] = {}  # partition paths, computed once per partition
     files = []
     for manifest in snapshot.manifests(table.io):
-        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
-            files.append(
-                LiveFile(
-                    data_file=entry.data_file,
-                    partition_key=partition_key(table, entry.data_file),
-                    added_at_ms=added_at.get(entry.snapshot_id, snapshot.timestamp_ms),
-                )
-            )
+        for entry in live_entries(manifest, table.io):
+            data_file = entry.data_file
+            slot = (data_file.spec_id, data_file.partition)
+            key = keys.get(slot)
+            if key is None:
+                key = keys[slot] = partition_key(table, data_file)
+            files.append(LiveFile(data_file, key, added_at.get(entry.snapshot_id, snapshot.timestamp_ms)))
     return files
 
 

@@ -24,6 +24,7 @@ from compaction_assets.commit.ledger import OPEN, Ledger
 from compaction_assets.config import GcConfig
 from compaction_assets.errors import ConfigError
 from compaction_assets.faults import crash_point
+from compaction_assets.lake.manifest_cache import live_entries
 from compaction_assets.lake.storage import OutsideTableLocation, delete_files, is_inside, table_files
 from compaction_assets.planning.policy import ENABLED_PROPERTY
 
@@ -128,7 +129,7 @@ def reachable(table: Table, snapshots: Iterable[Snapshot]) -> set[str]:
             if manifest.manifest_path in seen_manifests:
                 continue
             seen_manifests.add(manifest.manifest_path)
-            files.update(e.data_file.file_path for e in manifest.fetch_manifest_entry(table.io, discard_deleted=True))
+            files.update(e.data_file.file_path for e in live_entries(manifest, table.io))
     return files
 
 
