@@ -233,6 +233,28 @@ def soak(minutes: float, seed: int, slots: int, workdir: str | None, update_read
         sys.exit(1)
 
 
+@main.command("spark-server")
+@click.argument("action", type=click.Choice(["start", "stop", "status"]))
+@click.pass_context
+def spark_server(ctx: click.Context, action: str) -> None:
+    """Run the warm Spark Connect server that `spark.mode: connect` runs share (pyspark's own)."""
+    from compaction_assets.execution import connect_server
+
+    cfg = load_config(ctx.obj["config"]).spark
+    if action == "start":
+        click.echo(f"starting Spark Connect at {cfg.remote} (master {cfg.master}) ...")
+        state = connect_server.start(cfg)
+    elif action == "stop":
+        state = connect_server.stop(cfg)
+    else:
+        state = connect_server.status(cfg)
+    click.echo(state.describe())
+    if action == "status" and not state.running:
+        sys.exit(3)
+    if action == "stop" and state.pid is not None:
+        sys.exit(1)
+
+
 @main.command()
 @click.option("--files-per-partition", default=60, show_default=True)
 @click.option("--stream", is_flag=True, help="keep a writer appending small files to sales.orders")

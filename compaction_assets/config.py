@@ -55,6 +55,7 @@ class SparkConfig(_Strict):
     master: str = "local[*]"
     remote: str = "sc://localhost:15002"
     conf: dict[str, str] = Field(default_factory=dict)
+    server_dir: str = ".spark-connect"  # pid and log files of `compaction-assets spark-server`
 
 
 class SchedulingConfig(_Strict):
@@ -155,10 +156,12 @@ def parse_config(raw: dict[str, Any], base_dir: Path, source: str = "<inline>") 
         raise ConfigError(_format_validation_error(exc, source)) from None
     catalog_props = {k: _resolve_path_value(k, v, base_dir) for k, v in cfg.catalog.properties.items()}
     state_uri = _resolve_path_value("uri", cfg.state.uri, base_dir) if cfg.state.uri else None
+    server_dir = str((base_dir / cfg.spark.server_dir).resolve())
     return cfg.model_copy(
         update={
             "catalog": cfg.catalog.model_copy(update={"properties": catalog_props}),
             "state": cfg.state.model_copy(update={"uri": state_uri}),
+            "spark": cfg.spark.model_copy(update={"server_dir": server_dir}),
         }
     )
 

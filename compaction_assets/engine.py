@@ -20,7 +20,7 @@ from pyspark.sql import SparkSession
 from compaction_assets.commit.heartbeat import Heartbeat
 from compaction_assets.commit.ledger import Attempt, Ledger, StaleAttempt
 from compaction_assets.commit.recovery import RecoveryReport, recover
-from compaction_assets.commit.two_phase import abandon, commit_prepared
+from compaction_assets.commit.two_phase import CommitResult, abandon, commit_together
 from compaction_assets.config import CompactionConfig
 from compaction_assets.errors import BackOff, CompactionError
 from compaction_assets.execution.rewrite import run_rewrite
@@ -57,7 +57,7 @@ class PartitionOutcome:
 
     table_name: str
     partition_key: str
-    status: str  # committed | skipped | failed | backed_off
+    status: str  # committed | skipped | failed | backed_off (prepared only while committing)
     reason: str
     kind: str | None = None
     task_id: str | None = None
@@ -73,6 +73,7 @@ class PartitionOutcome:
     rows: int = 0
     groups: int = 0
     seconds: float = 0.0
+    peak_worker_rss: int = 0  # bytes, the largest of its groups' Spark Python workers
 
     @property
     def ok(self) -> bool:
@@ -146,8 +147,11 @@ class Engine:
                     abandon(table, self.ledger, item.attempt, f"rewrite job failed: {message}")
                 raise CompactionError(f"{table_name}: rewrite job failed: {message}") from exc
             crash_point("after_rewrite")
-            for item in work:
-                outcomes.append(self._finish(table, item, [results[i] for i in item.groups], started))
+            finished = [self._prepare(table, item, [results[i] for i in item.groups]) for item in work]
+            self._commit(table, list(zip(work, finished, strict=True)), started)
+            for outcome in finished:
+                outcome.seconds = outcome.seconds or time.monotonic() - started
+            outcomes.extend(finished)
         return outcomes
 
     def recover(self) -> RecoveryReport:
@@ -229,7 +233,9 @@ class Engine:
         )
         return work, job
 
-    def _finish(self, table: Table, item: _Work, results: list[GroupOutcome], started: float) -> PartitionOutcome:
+    def _prepare(self, table: Table, item: _Work, results: list[GroupOutcome]) -> PartitionOutcome:
+        """Precommit one partition: its result files are durable; PREPARED with their exact list.
+        Returns its outcome: "prepared", or "failed" with the reason (the attempt then cleaned up)."""
         plan, attempt = item.plan, item.attempt
         outcome = PartitionOutcome(
             table_name=attempt.table_name,
@@ -245,57 +251,69 @@ class Engine:
             bytes_rewritten=plan.input_bytes,
             rows=attempt.rows_in,
             groups=len(plan.groups),
+            peak_worker_rss=max((r.peak_rss for r in results), default=0),
         )
-        errors = [r.error for r in results if r.error]
         written = [f for r in results for f in r.data_files]
+        rows_out = sum(f.record_count for f in written)
+        if errors := [r.error for r in results if r.error]:
+            outcome.reason = errors[0]
+        elif rows_out != attempt.rows_in:
+            outcome.reason = f"row count mismatch: read {attempt.rows_in} rows, wrote {rows_out}"
+        if outcome.reason:
+            abandon(table, self.ledger, attempt, outcome.reason)
+            return outcome
+        bytes_out = sum(f.file_size_in_bytes for f in written)
         try:
-            if errors:
-                abandon(table, self.ledger, attempt, errors[0])
-                outcome.reason = errors[0]
-                return outcome
-            rows_out = sum(f.record_count for f in written)
-            if rows_out != attempt.rows_in:
-                reason = f"row count mismatch: read {attempt.rows_in} rows, wrote {rows_out}"
-                abandon(table, self.ledger, attempt, reason)
-                outcome.reason = reason
-                return outcome
-            bytes_out = sum(f.file_size_in_bytes for f in written)
-            prepared = self.ledger.prepare(
+            item.attempt = self.ledger.prepare(
                 attempt.attempt_id, [datafile_to_json(f) for f in written], rows_out, bytes_out
             )
-            crash_point("after_prepare")
-            committed = commit_prepared(table, self.ledger, prepared)
-        except BackOff as exc:
-            outcome.status, outcome.reason = "backed_off", str(exc)
-            return outcome
         except StaleAttempt as exc:
             abandon(table, self.ledger, attempt, f"stale: {exc}")
             outcome.reason = str(exc)
             return outcome
-        except Exception as exc:  # catalog unreachable or locked, table dropped: outcome unknown
-            log.warning("%s [%s]: commit failed: %s", attempt.table_name, plan.partition_key or "-", exc)
-            outcome.reason = (
-                f"commit outcome unknown ({type(exc).__name__}: {_first_line(exc)}); the attempt stays "
-                "PREPARED and recovery finishes it once this process has exited"
-            )
-            return outcome
-        finally:
-            outcome.seconds = time.monotonic() - started
-        outcome.status = "committed"
-        outcome.reason = f"{plan.input_files} file(s) -> {len(written)} file(s)"
-        outcome.snapshot_id = committed.committed_snapshot_id
+        crash_point("after_prepare")
+        outcome.status = "prepared"
         outcome.files_written = len(written)
         outcome.files_after = plan.stats.data_files - plan.input_files + len(written)
         outcome.bytes_after = plan.stats.data_bytes - plan.input_bytes + bytes_out
-        log.info(
-            "%s [%s]: committed snapshot %s: %s in %.1fs",
-            attempt.table_name,
-            plan.partition_key or "-",
-            outcome.snapshot_id,
-            outcome.reason,
-            outcome.seconds,
-        )
         return outcome
+
+    def _commit(self, table: Table, prepared: list[tuple[_Work, PartitionOutcome]], started: float) -> None:
+        """Commit every prepared partition of the table in one snapshot; settle each outcome."""
+        prepared = [(item, outcome) for item, outcome in prepared if outcome.status == "prepared"]
+        if not prepared:
+            return
+        results: dict[str, CommitResult] = {}
+        unknown = None
+        try:
+            commit_together(table, self.ledger, [item.attempt for item, _ in prepared], results)
+        except Exception as exc:  # catalog unreachable or locked, table dropped: outcome unknown
+            log.warning("%s: commit failed: %s", prepared[0][1].table_name, exc)
+            unknown = (
+                f"commit outcome unknown ({type(exc).__name__}: {_first_line(exc)}); the attempt stays "
+                "PREPARED and recovery finishes it once this process has exited"
+            )
+        for item, outcome in prepared:
+            outcome.seconds = time.monotonic() - started
+            result = results.get(item.attempt.attempt_id)
+            if result is None:
+                outcome.status, outcome.reason = "failed", unknown or "commit outcome unknown"
+            elif isinstance(result, BackOff):
+                outcome.status, outcome.reason = "backed_off", str(result)
+            elif isinstance(result, StaleAttempt):
+                outcome.status, outcome.reason = "failed", str(result)
+            else:
+                outcome.status = "committed"
+                outcome.reason = f"{item.plan.input_files} file(s) -> {outcome.files_written} file(s)"
+                outcome.snapshot_id = result.committed_snapshot_id
+                log.info(
+                    "%s [%s]: committed snapshot %s: %s in %.1fs",
+                    outcome.table_name,
+                    outcome.partition_key or "-",
+                    outcome.snapshot_id,
+                    outcome.reason,
+                    outcome.seconds,
+                )
 
 
 def _skipped(table_name: str, plan: PartitionPlan) -> PartitionOutcome:

@@ -41,6 +41,9 @@ def test_two_partitions_of_small_files_compact_to_target_files(lake):
         "region=tiny": "skipped",
     }
     assert "min_input_files=5" in outcomes["region=tiny"].reason
+    # partitions that finish together commit together: one snapshot for the table, not one each
+    assert outcomes["region=eu"].snapshot_id == outcomes["region=us"].snapshot_id
+    assert len(lake.table("ns.events").metadata.snapshots) == len(table.metadata.snapshots) + 1
     table = lake.table("ns.events")
     after_files = data_files(table)
     for region in ("eu", "us"):

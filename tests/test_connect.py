@@ -1,62 +1,46 @@
-"""Spark Connect mode end to end: a Connect server started by the fixture, a compaction through it."""
+"""Spark Connect mode end to end: the server started by `compaction-assets spark-server start`,
+a compaction through it, and the server stopped again."""
 
-import os
-import shutil
-import socket
 import subprocess
-import sys
-import time
-from pathlib import Path
 
-import pyspark
 import pytest
 import yaml
 
+from compaction_assets.execution.connect_server import SBIN
 from compaction_assets.lake.digest import rows_digest
-from tests.conftest import create_fragmented, free_port
+from tests.conftest import CLI, create_fragmented, free_port
 
-SBIN = Path(pyspark.__file__).parent / "sbin"
+
+def server_cli(action: str, config) -> subprocess.CompletedProcess:  # noqa: ANN001
+    return subprocess.run([*CLI, "--config", str(config), "spark-server", action], capture_output=True, text=True)
 
 
 @pytest.fixture(scope="module")
-def connect_server(tmp_path_factory):
+def server_config(tmp_path_factory):
+    """A compaction.yaml in connect mode whose server the CLI starts (and stops after the module)."""
     if not (SBIN / "start-connect-server.sh").exists():
         pytest.skip("this pyspark wheel ships no Spark Connect server")
-    work = tmp_path_factory.mktemp("spark-connect")
-    port = free_port()
-    env = {
-        **os.environ,
-        "SPARK_HOME": str(SBIN.parent),
-        "SPARK_LOG_DIR": str(work / "logs"),
-        "SPARK_PID_DIR": str(work / "pids"),
-        "PYSPARK_PYTHON": sys.executable,
-    }
-    conf = {
-        "spark.connect.grpc.binding.address": "127.0.0.1",
-        "spark.connect.grpc.binding.port": str(port),
-        "spark.ui.enabled": "false",
-    }
-    args = [a for k, v in conf.items() for a in ("--conf", f"{k}={v}")]
-    subprocess.run([str(SBIN / "start-connect-server.sh"), "--master", "local[2]", *args], env=env, check=True)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        time.sleep(0.5)
-    else:
-        logs = "".join(p.read_text() for p in (work / "logs").glob("*.out"))
-        raise AssertionError(f"Spark Connect server did not start:\n{logs[-3000:]}")
-    yield f"sc://127.0.0.1:{port}"
-    subprocess.run([str(SBIN / "stop-connect-server.sh")], env=env, check=False)
-    shutil.rmtree(work / "pids", ignore_errors=True)
+    root = tmp_path_factory.mktemp("spark-connect")
+    config = root / "server.yaml"
+    spark = {"mode": "connect", "master": "local[2]", "remote": f"sc://127.0.0.1:{free_port()}", "server_dir": "srv"}
+    config.write_text(yaml.safe_dump({"spark": spark}))
+    assert server_cli("status", config).returncode == 3
+    started = server_cli("start", config)
+    assert started.returncode == 0, started.stdout + started.stderr
+    assert "running at" in started.stdout
+    yield config
+    stopped = server_cli("stop", config)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert server_cli("status", config).returncode == 3
 
 
-def test_compaction_through_spark_connect(lake, connect_server):
+def test_compaction_through_spark_connect(lake, server_config):
+    status = server_cli("status", server_config)
+    assert status.returncode == 0 and "running at" in status.stdout
     table = create_fragmented(lake, "ns.t", {"eu": 25, "us": 25})
     before = rows_digest(table)
     doc = yaml.safe_load(lake.config_path.read_text())
-    doc["spark"] = {"mode": "connect", "remote": connect_server}
+    doc["spark"] = yaml.safe_load(server_config.read_text())["spark"]
     connect_config = lake.root / "connect.yaml"
     connect_config.write_text(yaml.safe_dump(doc))
 
@@ -66,3 +50,8 @@ def test_compaction_through_spark_connect(lake, connect_server):
     assert run.stdout.count("committed minor: 25 -> 1 files") == 2
     assert rows_digest(lake.table("ns.t")) == before
     assert len(lake.table("ns.t").inspect.files()) == 2
+
+
+def test_a_second_start_reuses_the_running_server(server_config):
+    again = server_cli("start", server_config)
+    assert again.returncode == 0 and "running at" in again.stdout

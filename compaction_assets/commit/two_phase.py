@@ -1,18 +1,20 @@
 """Two-phase commit of a rewrite.
 
 Precommit (engine): every result file is durable and the ledger row is PREPARED with the exact
-DataFile list. Commit (here): one Iceberg snapshot that deletes the sources and adds the results,
-tagged with the task and attempt ids, made only if every source is still live; then COMMITTED.
+DataFile list. Commit (here): one Iceberg snapshot that deletes the sources and adds the results
+of one or more attempts of a table, tagged with their task and attempt ids, made only if every
+source is still live; then COMMITTED.
 A commit that gives way deletes the attempt's own files and ends ROLLED_BACK.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 
 from pyiceberg.exceptions import CommitFailedException, ValidationException
 from pyiceberg.expressions import AlwaysFalse
-from pyiceberg.manifest import ManifestContent, ManifestFile
+from pyiceberg.manifest import DataFile, ManifestContent, ManifestFile
 from pyiceberg.table import Table, TableProperties
 from pyiceberg.table.snapshots import Operation, Snapshot
 from pyiceberg.table.update.snapshot import _ManifestMergeManager, _OverwriteFiles
@@ -23,7 +25,7 @@ from compaction_assets.commit.ledger import Attempt, Ledger, StaleAttempt, Statu
 from compaction_assets.errors import BackOff
 from compaction_assets.faults import crash_point
 from compaction_assets.lake.datafile_codec import datafile_from_json
-from compaction_assets.lake.files import live_files
+from compaction_assets.lake.files import LiveFile, live_files
 from compaction_assets.lake.storage import delete_files, files_with_prefix
 
 TASK_ID_PROPERTY = "compaction.task-id"
@@ -31,13 +33,14 @@ ATTEMPT_ID_PROPERTY = "compaction.attempt-id"
 
 
 def commit_snapshot(table: Table, attempt: Attempt) -> Snapshot | None:
-    """The snapshot this attempt committed, if any (found by its summary properties)."""
+    """The snapshot this attempt committed, if any (found by its summary properties; a snapshot
+    that commits several attempts of one table lists their ids comma-separated)."""
     for snapshot in table.metadata.snapshots:
         summary = snapshot.summary
         if (
             summary is not None
-            and summary[TASK_ID_PROPERTY] == attempt.task_id
-            and summary[ATTEMPT_ID_PROPERTY] == attempt.attempt_id
+            and attempt.attempt_id in (summary[ATTEMPT_ID_PROPERTY] or "").split(",")
+            and attempt.task_id in (summary[TASK_ID_PROPERTY] or "").split(",")
         ):
             return snapshot
     return None
@@ -45,46 +48,86 @@ def commit_snapshot(table: Table, attempt: Attempt) -> Snapshot | None:
 
 MAX_COMMIT_TRIES = 8
 
+CommitResult = Attempt | BackOff | StaleAttempt
+
 
 def commit_prepared(table: Table, ledger: Ledger, attempt: Attempt) -> Attempt:
-    """Swap sources for results in one snapshot; raises BackOff (after rolling back) if it cannot.
+    """Commit one PREPARED attempt; raises BackOff (after rolling back) if it cannot."""
+    results: dict[str, CommitResult] = {}
+    commit_together(table, ledger, [attempt], results)
+    result = results[attempt.attempt_id]
+    if isinstance(result, Exception):
+        raise result
+    return result
 
-    Each try starts from the catalog's current state: if a snapshot already carries the attempt
-    (a concurrent recovery committed it), confirm it; if a source is no longer live, or a delete
-    file appeared in the partition (rewriting would resurrect deleted rows), roll back. pyiceberg
-    validates, at commit and on its own retries, that the replaced files still exist and gained
-    no delete files (RewriteFiles semantics, see _RewriteFiles); appends do not conflict.
+
+def commit_together(
+    table: Table, ledger: Ledger, attempts: Sequence[Attempt], results: dict[str, CommitResult]
+) -> None:
+    """Swap sources for results of every PREPARED attempt of one table in one snapshot, so
+    partitions that finish together cost the table one commit, not one each.
+
+    `results` gets, per attempt id, the COMMITTED attempt, or the BackOff of an attempt that had
+    to roll back, or the StaleAttempt of one another process ended. It is filled as attempts are
+    settled, so it is meaningful even when this raises (catalog unreachable: the outcome of the
+    unsettled attempts is unknown and they stay PREPARED for recovery).
+
+    Each try starts from the catalog's current state: an attempt a snapshot already carries (a
+    concurrent recovery committed it) is confirmed; one whose sources are no longer live, or whose
+    partition gained a delete file (rewriting would resurrect deleted rows), rolls back alone.
+    pyiceberg validates, at commit and on its own retries, that the replaced files still exist and
+    gained no delete files (RewriteFiles semantics, see _RewriteFiles); appends do not conflict.
     """
+    pending = list(attempts)
+
+    def settle(attempt: Attempt, outcome: Callable[[], CommitResult]) -> None:
+        pending.remove(attempt)
+        try:
+            results[attempt.attempt_id] = outcome()
+        except StaleAttempt as exc:
+            results[attempt.attempt_id] = exc
+
     last_error: Exception | None = None
     for attempt_no in range(MAX_COMMIT_TRIES):
         table.refresh()
-        if commit_snapshot(table, attempt) is not None:
-            return confirm_committed(table, ledger, attempt)
+        for attempt in [a for a in pending if commit_snapshot(table, a) is not None]:
+            settle(attempt, lambda a=attempt: confirm_committed(table, ledger, a))
         files = live_files(table)
         live = {f.path: f.data_file for f in files if not f.is_delete}
-        missing = [p for p in attempt.source_files if p not in live]
-        if missing:
-            raise roll_back(
-                table,
-                ledger,
-                attempt,
-                f"{len(missing)} of {len(attempt.source_files)} source file(s) are no longer live "
-                f"(e.g. {missing[0]}): a concurrent change replaced them",
-            )
-        if deletes := [f.path for f in files if f.is_delete and f.partition_key == attempt.partition_key]:
-            raise roll_back(table, ledger, attempt, f"delete file(s) appeared in the partition, e.g. {deletes[0]}")
+        for attempt in list(pending):
+            if reason := _conflict(attempt, files, live):
+                settle(attempt, lambda a=attempt, r=reason: roll_back(table, ledger, a, r))
+        if not pending:
+            return
         try:
-            _commit_once(table, attempt, live)
+            _commit_once(table, pending, live)
         except (CommitFailedException, ValidationException) as exc:  # guaranteed not to have landed
             last_error = exc
             time.sleep(min(0.05 * 2**attempt_no, 1.0))
             continue
         crash_point("after_iceberg_commit")
-        return confirm_committed(table, ledger, attempt)
+        for attempt in list(pending):
+            settle(attempt, lambda a=attempt: confirm_committed(table, ledger, a))
+        return
     table.refresh()
-    if commit_snapshot(table, attempt) is not None:
-        return confirm_committed(table, ledger, attempt)
-    raise roll_back(table, ledger, attempt, f"commit gave way {MAX_COMMIT_TRIES} times; last: {last_error}")
+    for attempt in list(pending):
+        if commit_snapshot(table, attempt) is not None:
+            settle(attempt, lambda a=attempt: confirm_committed(table, ledger, a))
+        else:
+            reason = f"commit gave way {MAX_COMMIT_TRIES} times; last: {last_error}"
+            settle(attempt, lambda a=attempt, r=reason: roll_back(table, ledger, a, r))
+
+
+def _conflict(attempt: Attempt, files: list[LiveFile], live: dict[str, DataFile]) -> str | None:
+    missing = [p for p in attempt.source_files if p not in live]
+    if missing:
+        return (
+            f"{len(missing)} of {len(attempt.source_files)} source file(s) are no longer live "
+            f"(e.g. {missing[0]}): a concurrent change replaced them"
+        )
+    if deletes := [f.path for f in files if f.is_delete and f.partition_key == attempt.partition_key]:
+        return f"delete file(s) appeared in the partition, e.g. {deletes[0]}"
+    return None
 
 
 class _RewriteFiles(_OverwriteFiles):
@@ -127,15 +170,19 @@ class _RewriteFiles(_OverwriteFiles):
         _validate_no_new_deletes_for_data_files(table, window.head, predicate, self._deleted_data_files, window.base)
 
 
-def _commit_once(table: Table, attempt: Attempt, live: dict) -> None:
-    properties = {TASK_ID_PROPERTY: attempt.task_id, ATTEMPT_ID_PROPERTY: attempt.attempt_id}
+def _commit_once(table: Table, attempts: Sequence[Attempt], live: dict[str, DataFile]) -> None:
+    properties = {
+        TASK_ID_PROPERTY: ",".join(a.task_id for a in attempts),
+        ATTEMPT_ID_PROPERTY: ",".join(a.attempt_id for a in attempts),
+    }
     txn = table.transaction()
     rewrite = _RewriteFiles(operation=Operation.OVERWRITE, transaction=txn, io=table.io, snapshot_properties=properties)
     with rewrite as overwrite:
-        for path in attempt.source_files:
-            overwrite.delete_data_file(live[path])
-        for doc in attempt.result_files:
-            overwrite.append_data_file(datafile_from_json(doc))
+        for attempt in attempts:
+            for path in attempt.source_files:
+                overwrite.delete_data_file(live[path])
+            for doc in attempt.result_files:
+                overwrite.append_data_file(datafile_from_json(doc))
     txn.commit_transaction()
 
 

@@ -13,6 +13,7 @@ import contextlib
 import json
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -32,7 +33,7 @@ from compaction_assets.lake.datafile_codec import datafile_from_json, datafile_t
 
 MiB = 1024 * 1024
 MAX_BUFFER_BYTES = 64 * MiB  # Arrow bytes buffered before a row group is written
-RESULT_SCHEMA = "group INT, data_files STRING, error STRING, rows_read BIGINT, bytes_read BIGINT"
+RESULT_SCHEMA = "group INT, data_files STRING, error STRING, rows_read BIGINT, bytes_read BIGINT, peak_rss BIGINT"
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,7 @@ class GroupOutcome:
     error: str | None
     rows_read: int
     bytes_read: int
+    peak_rss: int = 0  # the worker process's peak resident bytes while rewriting the group
 
 
 def rewrite_partition_batches(job_json: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -98,6 +100,7 @@ def rewrite_partition_batches(job_json: str, batches: Iterator[pa.RecordBatch]) 
                         "error": outcome.error,
                         "rows_read": outcome.rows_read,
                         "bytes_read": outcome.bytes_read,
+                        "peak_rss": outcome.peak_rss,
                     }
                 ],
                 schema=_RESULT_ARROW_SCHEMA,
@@ -111,6 +114,7 @@ _RESULT_ARROW_SCHEMA = pa.schema(
         ("error", pa.string()),
         ("rows_read", pa.int64()),
         ("bytes_read", pa.int64()),
+        ("peak_rss", pa.int64()),
     ]
 )
 
@@ -122,12 +126,14 @@ def outcome_from_row(row: dict) -> GroupOutcome:
         error=row["error"],
         rows_read=row["rows_read"],
         bytes_read=row["bytes_read"],
+        peak_rss=row["peak_rss"],
     )
 
 
 def rewrite_group(job: RewriteJob, index: int) -> GroupOutcome:
     """Rewrite group `index`; on any failure, delete what it wrote and report the error as data."""
     spec = job.groups[index]
+    _reset_peak_rss()
     metadata = TableMetadataUtil.parse_raw(job.metadata_json)
     io = load_file_io(job.io_properties, metadata.location)
     partition = decode_partition(spec.partition)
@@ -142,10 +148,27 @@ def rewrite_group(job: RewriteJob, index: int) -> GroupOutcome:
             writer.write(batch)
             if rows >= spec.sources[0].records:
                 crash_point("worker_mid_group")
-        return GroupOutcome(index, writer.close(), None, rows, sum(s.size for s in spec.sources))
+        written = writer.close()
+        return GroupOutcome(index, written, None, rows, sum(s.size for s in spec.sources), _peak_rss())
     except Exception as exc:  # reported to the driver, which fails the attempt with this message
         writer.abort()
-        return GroupOutcome(index, [], str(exc) if isinstance(exc, InputFileError) else repr(exc), rows, 0)
+        error = str(exc) if isinstance(exc, InputFileError) else repr(exc)
+        return GroupOutcome(index, [], error, rows, 0, _peak_rss())
+
+
+def _reset_peak_rss() -> None:
+    """Python workers are reused across tasks: restart the kernel's peak-RSS count (Linux)."""
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+def _peak_rss() -> int:
+    """VmHWM of this process in bytes (0 where /proc is missing)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 def _read_sources(metadata: TableMetadata, io: FileIO, spec: GroupSpec, partition: Record) -> Iterator[pa.RecordBatch]:

@@ -7,6 +7,10 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyiceberg.table import Table
 
 
@@ -33,6 +37,27 @@ def table_row_hashes(table: Table, snapshot_id: int | None = None) -> Counter[by
 
 
 def rows_digest(table: Table, snapshot_id: int | None = None) -> RowsDigest:
-    """Hash every row, sort the hashes, hash the sorted list: equal iff the row multisets are equal."""
-    hashes = sorted(table_row_hashes(table, snapshot_id).elements())
-    return RowsDigest(len(hashes), hashlib.sha256(b"".join(hashes)).hexdigest())
+    """The multiset of the table's rows (see batches_digest)."""
+    return batches_digest(table.scan(snapshot_id=snapshot_id).to_arrow_batch_reader())
+
+
+def batches_digest(batches: Iterable[pa.RecordBatch]) -> RowsDigest:
+    """Hash every row (vectorised, 64 bits), sort the hashes, hash the sorted list: equal iff the
+    row multisets are equal (up to a 2^-64 collision). Independent of file layout, column order
+    and of how an engine typed its timestamps or strings."""
+    parts = [np.zeros(0, np.uint64)]
+    for batch in batches:
+        if batch.num_rows:
+            columns = {name: _normalised(batch.column(name)) for name in sorted(batch.schema.names)}
+            frame = pa.table(columns).to_pandas()
+            parts.append(pd.util.hash_pandas_object(frame, index=False).to_numpy())
+    hashes = np.sort(np.concatenate(parts))
+    return RowsDigest(len(hashes), hashlib.sha256(hashes.tobytes()).hexdigest())
+
+
+def _normalised(column: pa.Array) -> pa.Array:
+    if pa.types.is_timestamp(column.type):
+        return pc.cast(column, pa.timestamp("us")).cast(pa.int64())
+    if pa.types.is_large_string(column.type):
+        return column.cast(pa.string())
+    return column
