@@ -139,6 +139,7 @@ class Engine:
             work, job = self._begin(table, table_name, tplan, files, todo, task_id)
             for item in work:
                 heartbeat.track(item.attempt.attempt_id)
+            planned = time.monotonic()
             try:
                 results = run_rewrite(self._spark_factory(), job)
             except Exception as exc:
@@ -147,8 +148,17 @@ class Engine:
                     abandon(table, self.ledger, item.attempt, f"rewrite job failed: {message}")
                 raise CompactionError(f"{table_name}: rewrite job failed: {message}") from exc
             crash_point("after_rewrite")
+            rewritten = time.monotonic()
             finished = [self._prepare(table, item, [results[i] for i in item.groups]) for item in work]
             self._commit(table, list(zip(work, finished, strict=True)), started)
+            log.info(
+                "%s: %d group(s): planned in %.2fs, rewritten in %.2fs, committed in %.2fs",
+                table_name,
+                len(job.groups),
+                planned - started,
+                rewritten - planned,
+                time.monotonic() - rewritten,
+            )
             for outcome in finished:
                 outcome.seconds = outcome.seconds or time.monotonic() - started
             outcomes.extend(finished)

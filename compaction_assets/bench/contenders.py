@@ -1,0 +1,145 @@
+"""The contenders, each timed on the same files and checked by content afterwards.
+
+delta-rs and the pyarrow copy run in a child process of their own, so their peak RSS is theirs
+alone; ours and the Spark DataFrame rewrite run on the bench's warm Spark session.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+from pyspark.sql import SparkSession
+
+from compaction_assets.bench.datasets import CODEC
+from compaction_assets.engine import Engine
+from compaction_assets.lake.catalog import load_table
+from compaction_assets.lake.digest import RowsDigest, batches_digest, rows_digest
+
+
+@dataclass
+class Result:
+    contender: str
+    seconds: float
+    bytes_in: int
+    files_before: int
+    files_after: int
+    peak_rss: int  # bytes
+    rss_of: str
+    rows_identical: bool
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes_in / 1e6 / self.seconds if self.seconds else 0.0
+
+
+def ours(engine: Engine, table_name: str, expected: RowsDigest, bytes_in: int, files: int) -> Result:
+    """Our engine: plan, one Spark job over the groups, two-phase commit."""
+    started = time.perf_counter()
+    outcomes = engine.compact(table_name)
+    seconds = time.perf_counter() - started
+    failed = [o for o in outcomes if o.status != "committed"]
+    if failed or not outcomes:
+        raise RuntimeError(f"bench: our compaction of {table_name} did not commit: {failed or 'nothing planned'}")
+    table = load_table(engine.catalog, table_name)
+    after = len(table.inspect.files())
+    rss = max(o.peak_worker_rss for o in outcomes)
+    return Result("ours", seconds, bytes_in, files, after, rss, "spark python worker", rows_digest(table) == expected)
+
+
+def deltars(uri: str, target_bytes: int, expected: RowsDigest, bytes_in: int, files: int) -> Result:
+    """delta-rs `DeltaTable.optimize.compact()`, Snappy, as it writes by default."""
+    seconds, rss = _in_child(_deltars_compact, uri, target_bytes)
+    from deltalake import DeltaTable
+
+    table = DeltaTable(uri)
+    identical = batches_digest(table.to_pyarrow_dataset().to_batches()) == expected
+    return Result("delta-rs", seconds, bytes_in, files, len(table.file_uris()), rss, "process", identical)
+
+
+def pyarrow_copy(sources: list[Path], out: Path, target_bytes: int, expected: RowsDigest, bytes_in: int) -> Result:
+    """The limit: one thread streaming every file's record batches into target-size files."""
+    seconds, rss = _in_child(_pyarrow_copy, [str(p) for p in sources], str(out), target_bytes)
+    written = sorted(out.glob("*.parquet"))
+    identical = batches_digest(ds.dataset(written).to_batches()) == expected
+    return Result("pyarrow 1 thread", seconds, bytes_in, len(sources), len(written), rss, "process", identical)
+
+
+def spark_dataframe(
+    spark: SparkSession, sources: list[Path], out: Path, target_bytes: int, expected: RowsDigest, bytes_in: int
+) -> Result:
+    """What a Spark user would write: read.parquet(...).coalesce(n).write.parquet(...)."""
+    n = max(1, math.ceil(bytes_in / target_bytes))
+    started = time.perf_counter()
+    spark.read.parquet(*[f"file://{p}" for p in sources]).coalesce(n).write.mode("overwrite").option(
+        "compression", CODEC
+    ).parquet(f"file://{out}")
+    seconds = time.perf_counter() - started
+    written = sorted(out.glob("*.parquet"))
+    identical = batches_digest(ds.dataset(written).to_batches()) == expected
+    return Result(
+        "spark dataframe", seconds, bytes_in, len(sources), len(written), jvm_peak_rss(spark), "JVM", identical
+    )
+
+
+def jvm_peak_rss(spark: SparkSession) -> int:
+    """The local Spark JVM's lifetime peak RSS."""
+    return peak_rss(Path(f"/proc/{spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()}/status"))
+
+
+def _in_child(function, *args) -> tuple[float, int]:  # noqa: ANN001
+    """Run `function(*args)` in a fresh process; its seconds (measured inside) and peak RSS."""
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(1) as pool:
+        return pool.apply(_timed, (function, *args))
+
+
+def _timed(function, *args) -> tuple[float, int]:  # noqa: ANN001
+    started = time.perf_counter()
+    function(*args)
+    seconds = time.perf_counter() - started
+    return seconds, peak_rss(Path("/proc/self/status"))
+
+
+def peak_rss(status: Path) -> int:
+    """VmHWM (peak resident bytes) from a /proc/<pid>/status file. Not getrusage's ru_maxrss:
+    that survives exec, so a spawned child would report its parent's peak."""
+    for line in status.read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _deltars_compact(uri: str, target_bytes: int) -> None:
+    from deltalake import DeltaTable, WriterProperties
+
+    DeltaTable(uri).optimize.compact(
+        target_size=target_bytes, writer_properties=WriterProperties(compression=CODEC.upper())
+    )
+
+
+def _pyarrow_copy(sources: list[str], out: str, target_bytes: int) -> None:
+    pa.set_cpu_count(1)
+    pa.set_io_thread_count(1)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    sink, writer, index = None, None, 0
+    for source in sources:
+        for batch in pq.ParquetFile(source).iter_batches(batch_size=65_536, use_threads=False):
+            if writer is None:
+                sink = pa.OSFile(f"{out}/part-{index:05d}.parquet", "wb")
+                writer = pq.ParquetWriter(sink, batch.schema, compression=CODEC)
+                index += 1
+            writer.write_batch(batch)
+            if sink.tell() >= target_bytes:
+                writer.close()
+                sink.close()
+                writer = None
+    if writer is not None:
+        writer.close()
+        sink.close()
