@@ -137,3 +137,24 @@ def test_paused_table_gets_no_requests(queued_lake, instance):
     result = tick(queued_lake, instance)
 
     assert {t for t, _ in requested(result)} == {"ns.events"}  # flat waits: default queue capacity 2
+
+
+def test_policy_change_replans_every_table_on_the_next_tick(queued_lake, instance):
+    first = tick(queued_lake, instance)
+    cursor = json.loads(first.cursor)
+    cursor["waiting"] = {}
+    assert set(cursor["versions"]) == {"ns.events", "ns.flat", "sales.orders"}  # metadata files seen
+    quiet = tick(queued_lake, instance, cursor=json.dumps(cursor))
+    assert "0 planned, 3 unchanged" in quiet.skip_reason.skip_message
+
+    doc = yaml.safe_load(queued_lake.config_path.read_text())
+    doc["tables"][-1]["policy"] = {"min_input_files": 1000}  # nothing under "*" is worth it any more
+    queued_lake.config_path.write_text(yaml.safe_dump(doc))
+    replanned = tick(queued_lake, instance, cursor=json.dumps(cursor))
+
+    after = json.loads(replanned.cursor)
+    assert after["config"] != cursor["config"]
+    assert set(after["snapshots"]) == {"ns.events", "ns.flat", "sales.orders"}  # all planned again
+    assert {r.tags["compaction/table"] for r in replanned.run_requests} <= {"sales.orders"}
+    observed = {e.asset_key.path[-1] for e in replanned.asset_events}
+    assert {"events", "flat"} <= observed  # fresh fragmentation observations for the re-planned tables

@@ -1,6 +1,7 @@
 """Sensors: the fragmentation sensor requests compaction runs; the recovery sensor heals crashes."""
 
 import datetime as dt
+import hashlib
 import json
 import time
 from collections import Counter
@@ -42,7 +43,7 @@ from compaction_assets.defs.naming import (
 from compaction_assets.defs.resources import CompactionResource
 from compaction_assets.engine import Engine
 from compaction_assets.errors import CompactionError
-from compaction_assets.lake.catalog import load_table
+from compaction_assets.lake.catalog import load_table, metadata_locations
 from compaction_assets.planning.scheduling import Candidate, decide
 
 IN_PROGRESS = [
@@ -67,10 +68,14 @@ def queue_load(instance: DagsterInstance) -> dict[str, tuple[int, int]]:
 
 @dataclass
 class FragmentationCursor:
-    """Last seen snapshot per table, and since when each deferred partition has waited."""
+    """Last seen version of each table and of compaction.yaml, and since when each deferred
+    partition has waited. A table is re-planned only when its metadata file (SQL catalogs: read
+    for all tables in one query) or snapshot changed, or the config did."""
 
     snapshots: dict[str, int | None] = field(default_factory=dict)
     waiting: dict[str, float] = field(default_factory=dict)  # "table|partition" -> epoch seconds
+    versions: dict[str, str | None] = field(default_factory=dict)  # table -> metadata location
+    config: str = ""  # fingerprint of the compaction.yaml last planned with
 
     @staticmethod
     def parse(raw: str | None) -> "FragmentationCursor":
@@ -113,6 +118,10 @@ def evaluate_fragmentation(
     engine = Engine(config)  # no Spark: the sensor only plans
     sync_pool_limits(context.instance, config)
     cursor = FragmentationCursor.parse(context.cursor)
+    fingerprint = hashlib.sha256(config.model_dump_json().encode()).hexdigest()[:16]
+    if cursor.config != fingerprint:  # a policy, priority or queue changed: look at every table again
+        cursor.snapshots, cursor.versions, cursor.config = {}, {}, fingerprint
+    locations = metadata_locations(engine.catalog)
     runs = context.instance.get_runs(RunsFilter(statuses=IN_PROGRESS))
     queue_load = Counter(r.tags[QUEUE_TAG] for r in runs if QUEUE_TAG in r.tags)
     in_flight = {(r.tags[TABLE_TAG], r.tags.get(PARTITION_TAG, "")) for r in runs if TABLE_TAG in r.tags}
@@ -126,12 +135,17 @@ def evaluate_fragmentation(
         if rule is None:
             context.log.info(f"{name}: no longer matches a `tables:` rule; skipped")
             continue
+        waiting = [k for k in cursor.waiting if k.startswith(f"{name}|")]
+        known = locations is not None and name in cursor.versions
+        if known and cursor.versions[name] == locations.get(name) and not waiting:
+            unchanged.append(name)
+            continue
         try:
             table = load_table(engine.catalog, name)
             snapshot = table.current_snapshot()
             snapshot_id = snapshot.snapshot_id if snapshot else None
-            waiting = [k for k in cursor.waiting if k.startswith(f"{name}|")]
             if name in cursor.snapshots and cursor.snapshots[name] == snapshot_id and not waiting:
+                cursor.versions[name] = table.metadata_location
                 unchanged.append(name)
                 continue
             tplan = engine.plan_for(table, name)
@@ -170,6 +184,7 @@ def evaluate_fragmentation(
             since = cursor.waiting.setdefault(f"{name}|{key}", now)
             candidates.append(Candidate(name, key, rule.queue, rule.priority, plan.benefit, since, snapshot_id))
         cursor.snapshots[name] = snapshot_id
+        cursor.versions[name] = table.metadata_location
     capacities = {q.name: q.capacity for q in config.queues}
     decisions = decide(candidates, queue_load, capacities, in_flight, now, config.scheduling.ageing_points_per_minute)
     run_requests = []

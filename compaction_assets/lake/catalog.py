@@ -5,8 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from pyiceberg.catalog import Catalog, load_catalog
+from pyiceberg.catalog.sql import IcebergTables, SqlCatalog
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 from pyiceberg.table import Table
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from compaction_assets.config import CatalogConfig, CompactionConfig
 from compaction_assets.errors import CatalogError
@@ -33,6 +36,22 @@ def load_table(catalog: Catalog, name: str) -> Table:
         raise TableNotFound(f"table '{name}' not found in catalog '{catalog.name}'") from None
     except Exception as exc:
         raise CatalogError(f"table '{name}': cannot load it from catalog '{catalog.name}': {exc}") from exc
+
+
+def metadata_locations(catalog: Catalog) -> dict[str, str | None] | None:
+    """Every table's current metadata file, "namespace.table" -> location, in one query: what
+    changed since a tick is then known without loading any table. None for catalogs that have no
+    such listing (REST, Glue, Hive): callers load tables one by one there."""
+    if not isinstance(catalog, SqlCatalog):
+        return None
+    query = select(IcebergTables.table_namespace, IcebergTables.table_name, IcebergTables.metadata_location).where(
+        IcebergTables.catalog_name == catalog.name
+    )
+    try:
+        with Session(catalog.engine) as session:
+            return {f"{ns}.{name}": location for ns, name, location in session.execute(query)}
+    except Exception as exc:
+        raise CatalogError(f"catalog '{catalog.name}': cannot list table versions: {exc}") from exc
 
 
 def table_name(table: Table) -> str:
