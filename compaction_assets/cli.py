@@ -233,6 +233,29 @@ def soak(minutes: float, seed: int, slots: int, workdir: str | None, update_read
         sys.exit(1)
 
 
+@main.command()
+@click.option("--dataset", "names", multiple=True, type=click.Choice(["small", "tiny"]), help="default: both")
+@click.option("--large-gib", default=2.0, show_default=True, help="size of the one-group memory run (0: skip)")
+@click.option("--tables", default=1000, show_default=True, help="tables in the sensor-tick scaling run (0: skip)")
+@click.option("--port", default=15102, show_default=True, help="port of the bench's own Spark Connect server")
+@click.option("--runs", default=3, show_default=True, help="cold and warm runs in the fixed-cost comparison")
+@click.option("--dir", "workdir", type=click.Path(), default=None, help="scratch folder (default: a temp folder)")
+@click.option("--json", "as_json", is_flag=True, help="print the report as JSON at the end")
+def bench(
+    names: tuple[str, ...], large_gib: float, tables: int, port: int, runs: int, workdir: str | None, as_json: bool
+) -> None:
+    """Ours vs delta-rs vs pyarrow vs Spark on the same data; memory, fixed cost, planning scale."""
+    from pathlib import Path
+
+    from compaction_assets.bench.datasets import SMALL, TINY
+    from compaction_assets.bench.run import run_bench
+
+    sets = [d for d in (SMALL, TINY) if not names or d.name in names]
+    report = run_bench(Path(workdir) if workdir else None, sets, click.echo, large_gib, tables, port, runs)
+    if as_json:
+        click.echo(report.to_json())
+
+
 @main.command("spark-server")
 @click.argument("action", type=click.Choice(["start", "stop", "status"]))
 @click.pass_context

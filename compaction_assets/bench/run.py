@@ -7,6 +7,7 @@ machines are shared and noisy, so absolute seconds mean little on their own.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -14,15 +15,16 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.dataset as ds
 import yaml
 
-from compaction_assets.bench import contenders, datasets
+from compaction_assets.bench import contenders, datasets, fixed_cost, planning_scale
 from compaction_assets.bench.datasets import Dataset
 from compaction_assets.config import load_config
 from compaction_assets.engine import Engine
 from compaction_assets.execution.spark import spark_session
-from compaction_assets.lake.digest import batches_digest
+from compaction_assets.lake.digest import batches_digest, rows_digest
 
 MiB = 1024 * 1024
 TARGET = 128 * MiB
@@ -75,7 +77,11 @@ def bench_config(root: Path, master: str = "local[2]") -> Path:
             "properties": {"type": "sql", "uri": "sqlite:///catalog.db", "warehouse": "file://warehouse"},
         },
         "state": {"uri": "sqlite:///state.db"},
-        "spark": {"mode": "local", "master": master, "conf": {"spark.sql.shuffle.partitions": "4"}},
+        "spark": {
+            "mode": "local",
+            "master": master,
+            "conf": {"spark.sql.shuffle.partitions": "4", "spark.ui.showConsoleProgress": "false"},
+        },
         "tables": [{"match": "*", "policy": {"target_file_size_bytes": TARGET}}],
     }
     path = root / "compaction.yaml"
@@ -113,32 +119,125 @@ def compare(engine: Engine, spark, root: Path, dataset: Dataset, log: Callable[[
     return report
 
 
+def memory_group(engine: Engine, root: Path, log: Callable[[str], None], gib: float = 2.0) -> dict:
+    """Rewrite one group of `gib` GiB (one output file) and report the worker's peak RSS."""
+    files = max(6, round(gib * 1024**3 / 29.5e6))  # a 1M-row file of these rows is ~29.5 MB
+    dataset = Dataset("large", files, 1_000_000)
+    folder = root / "data" / dataset.name
+    log(f"[memory] writing {files} files x 1M rows (~{gib:g} GiB) ...")
+    sources = datasets.write_files(folder, dataset)
+    bytes_in = sum(p.stat().st_size for p in sources)
+    name = f"{NAMESPACE}.large"
+    # a target above the whole group: the planner packs every file into one group, one output file
+    props = {
+        "compaction.target-file-size-bytes": str(bytes_in + 256 * MiB),
+        "compaction.max-group-bytes": str(2 * bytes_in + 256 * MiB),
+    }
+    table = datasets.iceberg_table(engine.catalog, name, sources, props)
+    expected = rows_digest(table)
+    started = time.perf_counter()
+    outcomes = engine.compact(name)
+    seconds = time.perf_counter() - started
+    outcome = outcomes[0]
+    identical = rows_digest(engine.catalog.load_table(name)) == expected
+    log(
+        f"[memory] one group of {bytes_in / 1e9:.2f} GB ({outcome.groups} group, {files} -> {outcome.files_written} "
+        f"file): {seconds:.1f}s, {bytes_in / 1e6 / seconds:.0f} MB/s, worker peak RSS "
+        f"{outcome.peak_worker_rss / MiB:.0f} MiB, rows {'identical' if identical else 'DIFFERENT'}"
+    )
+    if outcome.status != "committed" or not identical:
+        raise RuntimeError(f"bench: the large group did not compact cleanly: {outcome.reason}")
+    return {
+        "group_bytes": bytes_in,
+        "groups": outcome.groups,
+        "seconds": seconds,
+        "worker_peak_rss_bytes": outcome.peak_worker_rss,
+    }
+
+
+def commits_per_table(engine: Engine, log: Callable[[str], None], partitions: int = 50) -> dict:
+    """Compact a table with `partitions` fragmented partitions; count the snapshots it took."""
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.transforms import IdentityTransform
+
+    from compaction_assets.demo import append_fragments
+
+    batches = [
+        datasets.rows(i * 10, 10, i).append_column("part", pa.array([i % partitions] * 10, pa.int32()))
+        for i in range(partitions * 6)
+    ]
+    schema = engine.catalog.create_table(f"{NAMESPACE}.wide", schema=batches[0].schema).schema()
+    engine.catalog.drop_table(f"{NAMESPACE}.wide")
+    spec = PartitionSpec(PartitionField(schema.find_field("part").field_id, 1000, IdentityTransform(), "part"))
+    table = engine.catalog.create_table(f"{NAMESPACE}.wide", schema=schema, partition_spec=spec)
+    append_fragments(table, batches)
+    before = len(engine.catalog.load_table(table.name()).metadata.snapshots)
+    outcomes = engine.compact(f"{NAMESPACE}.wide")
+    commits = len(engine.catalog.load_table(table.name()).metadata.snapshots) - before
+    compacted = sum(o.status == "committed" for o in outcomes)
+    log(f"[commits] {compacted} of {partitions} partitions compacted in {commits} commit(s) to the table")
+    return {"partitions": partitions, "partitions_compacted": compacted, "commits": commits}
+
+
 def run_bench(
-    workdir: Path | None, sets: list[Dataset], log: Callable[[str], None] = print, keep: bool = False
+    workdir: Path | None,
+    sets: list[Dataset],
+    log: Callable[[str], None] = print,
+    large_gib: float = 2.0,
+    tables: int = 1000,
+    port: int = 15_102,
+    runs: int = 3,
 ) -> BenchReport:
     root = Path(workdir or tempfile.mkdtemp(prefix="compaction-bench-"))
     root.mkdir(parents=True, exist_ok=True)
-    config = load_config(bench_config(root))
-    import os
-
+    config_path = bench_config(root)
+    config = load_config(config_path)
     report = BenchReport(cores=os.cpu_count() or 1)
     started = time.perf_counter()
     spark = spark_session(config.spark)
+    spark.sparkContext.setLogLevel("ERROR")
     report.session_start_s = time.perf_counter() - started
     engine = Engine(config, spark=lambda: spark)
     engine.catalog.create_namespace_if_not_exists(NAMESPACE)
     log(f"bench in {root}: {report.cores} cores; Spark session started in {report.session_start_s:.1f}s")
+    started = time.perf_counter()
+    warm_up(engine)
+    report.warmup_s = time.perf_counter() - started
+    log(f"warm-up compaction (starts the Spark Python workers, as a long-lived session has) {report.warmup_s:.1f}s")
     try:
         for dataset in sets:
             report.datasets.append(compare(engine, spark, root, dataset, log))
-    finally:
-        if not keep:
+            shutil.rmtree(root / "data" / dataset.name, ignore_errors=True)
+        if large_gib:
+            report.extras["memory"] = memory_group(engine, root, log, large_gib)
             shutil.rmtree(root / "data", ignore_errors=True)
+        report.extras["commits"] = commits_per_table(engine, log)
+        spark.stop()
+        report.extras["fixed_cost"] = fixed_cost.measure(config_path, port, runs, log=log)
+        if tables:
+            report.extras["planning"] = planning_scale.measure(config_path, tables, log=log)
+    finally:
+        shutil.rmtree(root / "data", ignore_errors=True)
     for d in report.datasets:
         log(
             f"[{d.dataset}] ours at {d.share_of_two_pyarrow_cores:.0%} of 2 x single-thread pyarrow; "
             f"ours/spark-dataframe {d.seconds('ours') / d.seconds('spark dataframe'):.2f}"
         )
+    if memory := report.extras.get("memory"):
+        log(f"peak_rss_mb={memory['worker_peak_rss_bytes'] / MiB:.0f} group_gb={memory['group_bytes'] / 1e9:.2f}")
+    if cost := report.extras.get("fixed_cost"):
+        cold, warm = cost["cold_local_s"], cost["warm_connect_s"]
+        log(f"warm_over_cold={cost['warm_over_cold']:.3f} (cold {cold:.1f}s, warm {warm:.1f}s)")
+    if commits := report.extras.get("commits"):
+        log(f"commits_per_table={commits['commits']} for {commits['partitions_compacted']} partitions")
     for d in report.datasets:
         log(f"dataset={d.dataset} ratio_vs_deltars={d.ratio_vs_deltars:.3f}")
     return report
+
+
+def warm_up(engine: Engine) -> None:
+    """Compact a throwaway two-partition table once: Spark's Python workers start and import."""
+    from compaction_assets.bench.fixed_cost import trivial_table
+
+    trivial_table(Path(engine.config.source), f"{NAMESPACE}.warmup")
+    engine.compact(f"{NAMESPACE}.warmup")

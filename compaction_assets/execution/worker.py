@@ -32,7 +32,7 @@ from compaction_assets.faults import crash_point
 from compaction_assets.lake.datafile_codec import datafile_from_json, datafile_to_json, decode_partition
 
 MiB = 1024 * 1024
-MAX_BUFFER_BYTES = 64 * MiB  # Arrow bytes buffered before a row group is written
+MAX_BUFFER_BYTES = 32 * MiB  # Arrow bytes buffered before a row group is written
 RESULT_SCHEMA = "group INT, data_files STRING, error STRING, rows_read BIGINT, bytes_read BIGINT, peak_rss BIGINT"
 
 

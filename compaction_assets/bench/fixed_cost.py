@@ -1,0 +1,72 @@
+"""The fixed cost of a run: `compaction-assets compact` of a trivial partition, in a new process,
+cold (local mode: a JVM per run) against warm (connect mode: the shared Spark Connect server)."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from compaction_assets.bench.datasets import rows
+from compaction_assets.config import load_config
+from compaction_assets.demo import append_fragments
+from compaction_assets.execution import connect_server
+from compaction_assets.lake.catalog import open_catalog
+
+
+def trivial_table(config_path: Path, name: str) -> None:
+    """Six files of ten rows: the least a compaction can do."""
+    catalog = open_catalog(load_config(config_path).catalog)
+    batches = [rows(i * 10, 10, i) for i in range(6)]
+    table = catalog.create_table(name, schema=batches[0].schema)
+    append_fragments(table, batches)
+
+
+def timed_compact(config_path: Path, name: str) -> float:
+    command = [str(Path(sys.executable).parent / "compaction-assets"), "--config", str(config_path), "compact", name]
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYSPARK_PYTHON": sys.executable})
+    seconds = time.perf_counter() - started
+    if done.returncode != 0 or "committed" not in done.stdout:
+        raise RuntimeError(f"bench: compact {name} failed:\n{done.stdout}{done.stderr}")
+    return seconds
+
+
+def measure(config_path: Path, port: int, runs: int = 3, log=print) -> dict[str, float]:  # noqa: ANN001
+    """Median seconds of `runs` cold and `runs` warm runs (after one warm-up run on the server)."""
+    doc = yaml.safe_load(config_path.read_text())
+    doc["spark"] = {**doc["spark"], "mode": "connect", "remote": f"sc://127.0.0.1:{port}", "server_dir": "spark-server"}
+    connect_path = config_path.with_name("connect.yaml")
+    connect_path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    for i in range(2 * runs + 1):
+        trivial_table(config_path, f"bench.trivial{i}")
+    cold = []
+    for i in range(runs):
+        cold.append(timed_compact(config_path, f"bench.trivial{i}"))
+        log(f"[fixed cost] cold local run {i + 1}: {cold[-1]:.2f}s")
+    spark = load_config(connect_path).spark
+    started = time.perf_counter()
+    connect_server.start(spark)
+    server_start = time.perf_counter() - started
+    try:
+        warmup = timed_compact(connect_path, f"bench.trivial{runs}")
+        log(f"[fixed cost] server started in {server_start:.1f}s; first run on it {warmup:.2f}s")
+        warm = []
+        for i in range(runs):
+            warm.append(timed_compact(connect_path, f"bench.trivial{runs + 1 + i}"))
+            log(f"[fixed cost] warm connect run {i + 1}: {warm[-1]:.2f}s")
+    finally:
+        connect_server.stop(spark)
+    cold_s, warm_s = statistics.median(cold), statistics.median(warm)
+    return {
+        "cold_local_s": cold_s,
+        "warm_connect_s": warm_s,
+        "server_start_s": server_start,
+        "first_run_on_server_s": warmup,
+        "warm_over_cold": warm_s / cold_s,
+    }
