@@ -150,7 +150,19 @@ class Engine:
             crash_point("after_rewrite")
             rewritten = time.monotonic()
             finished = [self._prepare(table, item, [results[i] for i in item.groups]) for item in work]
-            self._commit(table, list(zip(work, finished, strict=True)), started)
+            self._commit(table, list(zip(work, finished, strict=True)))
+            seconds = time.monotonic() - started
+            for outcome in finished:
+                outcome.seconds = seconds
+                if outcome.status == "committed":
+                    log.info(
+                        "%s [%s]: committed snapshot %s: %s in %.1fs",
+                        outcome.table_name,
+                        outcome.partition_key or "-",
+                        outcome.snapshot_id,
+                        outcome.reason,
+                        outcome.seconds,
+                    )
             log.info(
                 "%s: %d group(s): planned in %.2fs, rewritten in %.2fs, committed in %.2fs",
                 table_name,
@@ -159,8 +171,6 @@ class Engine:
                 rewritten - planned,
                 time.monotonic() - rewritten,
             )
-            for outcome in finished:
-                outcome.seconds = outcome.seconds or time.monotonic() - started
             outcomes.extend(finished)
         return outcomes
 
@@ -288,7 +298,7 @@ class Engine:
         outcome.bytes_after = plan.stats.data_bytes - plan.input_bytes + bytes_out
         return outcome
 
-    def _commit(self, table: Table, prepared: list[tuple[_Work, PartitionOutcome]], started: float) -> None:
+    def _commit(self, table: Table, prepared: list[tuple[_Work, PartitionOutcome]]) -> None:
         """Commit every prepared partition of the table in one snapshot; settle each outcome."""
         prepared = [(item, outcome) for item, outcome in prepared if outcome.status == "prepared"]
         if not prepared:
@@ -304,7 +314,6 @@ class Engine:
                 "PREPARED and recovery finishes it once this process has exited"
             )
         for item, outcome in prepared:
-            outcome.seconds = time.monotonic() - started
             result = results.get(item.attempt.attempt_id)
             if result is None:
                 outcome.status, outcome.reason = "failed", unknown or "commit outcome unknown"
@@ -316,14 +325,6 @@ class Engine:
                 outcome.status = "committed"
                 outcome.reason = f"{item.plan.input_files} file(s) -> {outcome.files_written} file(s)"
                 outcome.snapshot_id = result.committed_snapshot_id
-                log.info(
-                    "%s [%s]: committed snapshot %s: %s in %.1fs",
-                    outcome.table_name,
-                    outcome.partition_key or "-",
-                    outcome.snapshot_id,
-                    outcome.reason,
-                    outcome.seconds,
-                )
 
 
 def _skipped(table_name: str, plan: PartitionPlan) -> PartitionOutcome:

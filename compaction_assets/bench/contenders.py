@@ -19,6 +19,7 @@ from pyspark.sql import SparkSession
 
 from compaction_assets.bench.datasets import CODEC
 from compaction_assets.engine import Engine
+from compaction_assets.execution.worker import peak_rss
 from compaction_assets.lake.catalog import load_table
 from compaction_assets.lake.digest import RowsDigest, batches_digest, rows_digest
 
@@ -104,16 +105,7 @@ def _timed(function, *args) -> tuple[float, int]:  # noqa: ANN001
     started = time.perf_counter()
     function(*args)
     seconds = time.perf_counter() - started
-    return seconds, peak_rss(Path("/proc/self/status"))
-
-
-def peak_rss(status: Path) -> int:
-    """VmHWM (peak resident bytes) from a /proc/<pid>/status file. Not getrusage's ru_maxrss:
-    that survives exec, so a spawned child would report its parent's peak."""
-    for line in status.read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    return 0
+    return seconds, peak_rss()
 
 
 def _deltars_compact(uri: str, target_bytes: int) -> None:

@@ -3,7 +3,6 @@ cold (local mode: a JVM per run) against warm (connect mode: the shared Spark Co
 
 from __future__ import annotations
 
-import os
 import statistics
 import subprocess
 import sys
@@ -30,7 +29,7 @@ def trivial_table(config_path: Path, name: str) -> None:
 def timed_compact(config_path: Path, name: str) -> float:
     command = [str(Path(sys.executable).parent / "compaction-assets"), "--config", str(config_path), "compact", name]
     started = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYSPARK_PYTHON": sys.executable})
+    done = subprocess.run(command, capture_output=True, text=True)
     seconds = time.perf_counter() - started
     if done.returncode != 0 or "committed" not in done.stdout:
         raise RuntimeError(f"bench: compact {name} failed:\n{done.stdout}{done.stderr}")

@@ -69,7 +69,7 @@ class BenchReport:
         return json.dumps(doc, indent=2)
 
 
-def bench_config(root: Path, master: str = "local[2]") -> Path:
+def bench_config(root: Path) -> Path:
     """A scratch lake: SQLite catalog and ledger, local Spark, Snappy output like the peers."""
     doc = {
         "catalog": {
@@ -79,7 +79,7 @@ def bench_config(root: Path, master: str = "local[2]") -> Path:
         "state": {"uri": "sqlite:///state.db"},
         "spark": {
             "mode": "local",
-            "master": master,
+            "master": "local[2]",
             "conf": {"spark.sql.shuffle.partitions": "4", "spark.ui.showConsoleProgress": "false"},
         },
         "tables": [{"match": "*", "policy": {"target_file_size_bytes": TARGET}}],
@@ -157,19 +157,15 @@ def memory_group(engine: Engine, root: Path, log: Callable[[str], None], gib: fl
 
 def commits_per_table(engine: Engine, log: Callable[[str], None], partitions: int = 50) -> dict:
     """Compact a table with `partitions` fragmented partitions; count the snapshots it took."""
-    from pyiceberg.partitioning import PartitionField, PartitionSpec
-    from pyiceberg.transforms import IdentityTransform
-
     from compaction_assets.demo import append_fragments
 
     batches = [
         datasets.rows(i * 10, 10, i).append_column("part", pa.array([i % partitions] * 10, pa.int32()))
         for i in range(partitions * 6)
     ]
-    schema = engine.catalog.create_table(f"{NAMESPACE}.wide", schema=batches[0].schema).schema()
-    engine.catalog.drop_table(f"{NAMESPACE}.wide")
-    spec = PartitionSpec(PartitionField(schema.find_field("part").field_id, 1000, IdentityTransform(), "part"))
-    table = engine.catalog.create_table(f"{NAMESPACE}.wide", schema=schema, partition_spec=spec)
+    table = engine.catalog.create_table(f"{NAMESPACE}.wide", schema=batches[0].schema)
+    with table.update_spec() as spec:
+        spec.add_identity("part")
     append_fragments(table, batches)
     before = len(engine.catalog.load_table(table.name()).metadata.snapshots)
     outcomes = engine.compact(f"{NAMESPACE}.wide")

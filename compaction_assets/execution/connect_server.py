@@ -86,12 +86,12 @@ def start(cfg: SparkConfig, wait_seconds: float = 180) -> ServerStatus:
     )
     if done.returncode != 0:
         raise CompactionError(f"start-connect-server.sh failed: {done.stderr.strip() or done.stdout.strip()}")
-    deadline = time.monotonic() + wait_seconds
-    while time.monotonic() < deadline:
+    began = time.monotonic()
+    while time.monotonic() - began < wait_seconds:
         current = status(cfg)
         if current.running:
             return current
-        if current.pid is None and time.monotonic() > deadline - wait_seconds + 5:
+        if current.pid is None and time.monotonic() - began > 5:
             break  # the JVM exited
         time.sleep(0.5)
     raise CompactionError(f"Spark Connect server did not start at {cfg.remote}:\n{_log_tail(current.log_dir)}")

@@ -149,11 +149,11 @@ def rewrite_group(job: RewriteJob, index: int) -> GroupOutcome:
             if rows >= spec.sources[0].records:
                 crash_point("worker_mid_group")
         written = writer.close()
-        return GroupOutcome(index, written, None, rows, sum(s.size for s in spec.sources), _peak_rss())
+        return GroupOutcome(index, written, None, rows, sum(s.size for s in spec.sources), peak_rss())
     except Exception as exc:  # reported to the driver, which fails the attempt with this message
         writer.abort()
         error = str(exc) if isinstance(exc, InputFileError) else repr(exc)
-        return GroupOutcome(index, [], error, rows, 0, _peak_rss())
+        return GroupOutcome(index, [], error, rows, 0, peak_rss())
 
 
 def _reset_peak_rss() -> None:
@@ -162,10 +162,11 @@ def _reset_peak_rss() -> None:
         Path("/proc/self/clear_refs").write_text("5")
 
 
-def _peak_rss() -> int:
-    """VmHWM of this process in bytes (0 where /proc is missing)."""
+def peak_rss(status: Path = Path("/proc/self/status")) -> int:
+    """VmHWM (peak resident bytes) from a /proc/<pid>/status file; 0 where /proc is missing.
+    Not getrusage's ru_maxrss: that survives exec, so a spawned child would report its parent's."""
     with contextlib.suppress(OSError):
-        for line in Path("/proc/self/status").read_text().splitlines():
+        for line in status.read_text().splitlines():
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) * 1024
     return 0

@@ -39,9 +39,3 @@ def live_entries(manifest: ManifestFile, io: FileIO) -> tuple[ManifestEntry, ...
                 _, evicted = _cache.popitem(last=False)
                 _size -= len(evicted)
     return entries
-
-
-def cached_manifests() -> int:
-    """How many manifests the cache holds (for tests and logs)."""
-    with _lock:
-        return len(_cache)
