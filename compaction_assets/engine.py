@@ -74,6 +74,7 @@ class PartitionOutcome:
     groups: int = 0
     seconds: float = 0.0
     peak_worker_rss: int = 0  # bytes, the largest of its groups' Spark Python workers
+    engine: str = ""  # how its groups were rewritten: polars, arrow or polars+arrow
 
     @property
     def ok(self) -> bool:
@@ -156,12 +157,13 @@ class Engine:
                 outcome.seconds = seconds
                 if outcome.status == "committed":
                     log.info(
-                        "%s [%s]: committed snapshot %s: %s in %.1fs",
+                        "%s [%s]: committed snapshot %s: %s in %.1fs (%s)",
                         outcome.table_name,
                         outcome.partition_key or "-",
                         outcome.snapshot_id,
                         outcome.reason,
                         outcome.seconds,
+                        outcome.engine,
                     )
             log.info(
                 "%s: %d group(s): planned in %.2fs, rewritten in %.2fs, committed in %.2fs",
@@ -272,6 +274,7 @@ class Engine:
             rows=attempt.rows_in,
             groups=len(plan.groups),
             peak_worker_rss=max((r.peak_rss for r in results), default=0),
+            engine="+".join(sorted({r.engine for r in results}, reverse=True)),
         )
         written = [f for r in results for f in r.data_files]
         rows_out = sum(f.record_count for f in written)

@@ -105,6 +105,7 @@ def _metadata(o: PartitionOutcome, queue: str) -> dict:
         "duration_s": round(o.seconds, 3),
         "mb_per_s": round(o.mb_per_s, 3),
         "peak_worker_rss_mb": round(o.peak_worker_rss / 2**20, 1),
+        "rewrite_engine": o.engine,
         "snapshot_id": MetadataValue.text(str(o.snapshot_id or "")),
         "task_id": o.task_id or "",
         "queue": queue,

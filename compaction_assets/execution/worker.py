@@ -1,9 +1,10 @@
 """What runs inside a Spark Python worker: rewrite one file group into target-size Iceberg files.
 
-Reading goes through pyiceberg's ArrowScan, so every source file is projected onto the current
-table schema by Iceberg field id (renamed columns keep their values, added columns read as
-null, promoted types are cast). Writing goes through pyiceberg's Parquet writer, so result files
-carry field ids and the column statistics pyiceberg computes. Both stream record batches:
+Reading (execution/source_reader.py) projects every source file onto the current table schema by
+Iceberg field id, as pyiceberg's ArrowScan does (renamed columns keep their values, added columns
+read as null, promoted types are cast); files that need no projection are scanned in bulk.
+Writing goes through pyiceberg's Parquet writer, so result files carry field ids and the column
+statistics pyiceberg computes. Both stream record batches:
 memory is bounded by one row-group buffer, not by the size of the group.
 """
 
@@ -17,23 +18,26 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyiceberg.expressions import AlwaysTrue
+import pyarrow.parquet as pq
 from pyiceberg.io import FileIO, OutputFile, OutputStream, load_file_io
 from pyiceberg.io.fileformat import FileFormatFactory, FileFormatWriter
-from pyiceberg.io.pyarrow import ArrowScan, _to_requested_schema
+from pyiceberg.io.pyarrow import _to_requested_schema
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.schema import sanitize_column_names
-from pyiceberg.table import FileScanTask
 from pyiceberg.table.metadata import TableMetadata, TableMetadataUtil
 from pyiceberg.typedef import Record
 
 from compaction_assets.errors import InputFileError
+from compaction_assets.execution import polars_rewrite
+from compaction_assets.execution.source_reader import SourceReader
 from compaction_assets.faults import crash_point
 from compaction_assets.lake.datafile_codec import datafile_from_json, datafile_to_json, decode_partition
 
 MiB = 1024 * 1024
 MAX_BUFFER_BYTES = 32 * MiB  # Arrow bytes buffered before a row group is written
-RESULT_SCHEMA = "group INT, data_files STRING, error STRING, rows_read BIGINT, bytes_read BIGINT, peak_rss BIGINT"
+RESULT_SCHEMA = (
+    "group INT, data_files STRING, error STRING, rows_read BIGINT, bytes_read BIGINT, peak_rss BIGINT, engine STRING"
+)
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,7 @@ class GroupOutcome:
     rows_read: int
     bytes_read: int
     peak_rss: int = 0  # the worker process's peak resident bytes while rewriting the group
+    engine: str = "arrow"  # polars (whole group in Polars) | arrow (pyarrow, per-file projection where needed)
 
 
 def rewrite_partition_batches(job_json: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -101,6 +106,7 @@ def rewrite_partition_batches(job_json: str, batches: Iterator[pa.RecordBatch]) 
                         "rows_read": outcome.rows_read,
                         "bytes_read": outcome.bytes_read,
                         "peak_rss": outcome.peak_rss,
+                        "engine": outcome.engine,
                     }
                 ],
                 schema=_RESULT_ARROW_SCHEMA,
@@ -115,6 +121,7 @@ _RESULT_ARROW_SCHEMA = pa.schema(
         ("rows_read", pa.int64()),
         ("bytes_read", pa.int64()),
         ("peak_rss", pa.int64()),
+        ("engine", pa.string()),
     ]
 )
 
@@ -127,6 +134,7 @@ def outcome_from_row(row: dict) -> GroupOutcome:
         rows_read=row["rows_read"],
         bytes_read=row["bytes_read"],
         peak_rss=row["peak_rss"],
+        engine=row["engine"],
     )
 
 
@@ -138,9 +146,13 @@ def rewrite_group(job: RewriteJob, index: int) -> GroupOutcome:
     io = load_file_io(job.io_properties, metadata.location)
     partition = decode_partition(spec.partition)
     writer = RollingWriter(io, metadata, partition, spec, job.target_file_size_bytes, index)
+    reader = SourceReader(metadata, io, spec.sources, partition, spec.spec_id, writer.convert)
+    bytes_in = sum(s.size for s in spec.sources)
+    if (written := _rewrite_with_polars(job, spec, metadata, io, partition, reader, writer)) is not None:
+        return GroupOutcome(index, written, None, sum(s.records for s in spec.sources), bytes_in, peak_rss(), "polars")
     rows = 0
     try:
-        batches = _read_sources(metadata, io, spec, partition)
+        batches = reader.batches()
         if job.sort_columns:
             batches = _sorted(batches, job.sort_columns)
         for batch in batches:
@@ -149,11 +161,44 @@ def rewrite_group(job: RewriteJob, index: int) -> GroupOutcome:
             if rows >= spec.sources[0].records:
                 crash_point("worker_mid_group")
         written = writer.close()
-        return GroupOutcome(index, written, None, rows, sum(s.size for s in spec.sources), peak_rss())
+        return GroupOutcome(index, written, None, rows, bytes_in, peak_rss())
     except Exception as exc:  # reported to the driver, which fails the attempt with this message
         writer.abort()
         error = str(exc) if isinstance(exc, InputFileError) else repr(exc)
         return GroupOutcome(index, [], error, rows, 0, peak_rss())
+
+
+def _rewrite_with_polars(
+    job: RewriteJob,
+    spec: GroupSpec,
+    metadata: TableMetadata,
+    io: FileIO,
+    partition: Record,
+    reader: SourceReader,
+    writer: RollingWriter,
+) -> list[DataFile] | None:
+    """The group through Polars if it qualifies (see polars_rewrite); None: use the per-file path."""
+    if not polars_rewrite.qualifies(metadata, io, [s.path for s in spec.sources], bool(job.sort_columns)):
+        return None
+    try:
+        physical = pq.read_schema(polars_rewrite.local_path(io, spec.sources[0].path))
+    except (OSError, pa.ArrowException):
+        return None  # the per-file path reports it, naming the file
+    target = reader.relabel_target(physical)
+    polars_target = polars_rewrite.polars_schema(target) if target is not None else None
+    if polars_target is None:
+        return None
+    return polars_rewrite.rewrite_with_polars(
+        io,
+        metadata,
+        writer.file_schema,
+        polars_target,
+        spec.sources,
+        partition,
+        spec.spec_id,
+        writer.name,
+        spec.max_files,
+    )
 
 
 def _reset_peak_rss() -> None:
@@ -170,32 +215,6 @@ def peak_rss(status: Path = Path("/proc/self/status")) -> int:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) * 1024
     return 0
-
-
-def _read_sources(metadata: TableMetadata, io: FileIO, spec: GroupSpec, partition: Record) -> Iterator[pa.RecordBatch]:
-    scan = ArrowScan(metadata, io, metadata.schema(), AlwaysTrue())
-    for source in spec.sources:
-        data_file = DataFile.from_args(
-            content=DataFileContent.DATA,
-            file_path=source.path,
-            file_format=FileFormat.PARQUET,
-            partition=partition,
-            record_count=source.records,
-            file_size_in_bytes=source.size,
-        )
-        data_file.spec_id = spec.spec_id
-        read = 0
-        try:
-            # The generator behind ArrowScan.to_record_batches, without its whole-file materialisation.
-            for batch in scan._record_batches_from_scan_tasks_and_deletes([FileScanTask(data_file)], {}):
-                read += batch.num_rows
-                yield batch
-        except Exception as exc:
-            raise InputFileError(f"cannot read data file {source.path}: {type(exc).__name__}: {exc}") from exc
-        if read != source.records:
-            raise InputFileError(
-                f"data file {source.path} has {read} rows but its manifest entry says {source.records}"
-            )
 
 
 def _sorted(batches: Iterator[pa.RecordBatch], sort_columns: list[tuple[str, str]]) -> Iterator[pa.RecordBatch]:
@@ -241,13 +260,13 @@ class RollingWriter:
         self._io = io
         self._metadata = metadata
         self._table_schema = metadata.schema()
-        self._file_schema = sanitize_column_names(self._table_schema)
+        self.file_schema = sanitize_column_names(self._table_schema)
         self._format = FileFormatFactory.get(FileFormat.PARQUET)
         self._partition = partition
         self._spec = spec
         self._target = target_bytes
         self._buffer_limit = min(MAX_BUFFER_BYTES, max(MiB, target_bytes))
-        self._name = f"{spec.output_dir.rstrip('/')}/{spec.file_prefix}-{index:05d}"
+        self.name = f"{spec.output_dir.rstrip('/')}/{spec.file_prefix}-{index:05d}"
         self._buffer: list[pa.RecordBatch] = []
         self._arrow_schema: pa.Schema | None = None
         self._buffered = 0
@@ -256,16 +275,20 @@ class RollingWriter:
         self._written: list[DataFile] = []
         self._opened: list[str] = []
 
-    def write(self, batch: pa.RecordBatch) -> None:
-        if batch.num_rows == 0:
-            return
-        converted = _to_requested_schema(
-            requested_schema=self._file_schema,
+    def convert(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """A batch in the table's scan schema -> the file schema (sanitised names, field ids)."""
+        return _to_requested_schema(
+            requested_schema=self.file_schema,
             file_schema=self._table_schema,
             batch=batch,
             include_field_ids=True,
             format_model=self._format,
         )
+
+    def write(self, converted: pa.RecordBatch) -> None:
+        """Buffer a batch already in the file schema (see `convert`); flush full row groups."""
+        if converted.num_rows == 0:
+            return
         # Files written before and after a schema change project to different Arrow types
         # (e.g. string vs large_string); one output file needs one Arrow schema.
         if self._arrow_schema is None:
@@ -292,10 +315,10 @@ class RollingWriter:
         if not self._buffer:
             return
         if self._writer is None:
-            path = f"{self._name}-{len(self._opened):05d}.parquet"
+            path = f"{self.name}-{len(self._opened):05d}.parquet"
             self._opened.append(path)
             self._output = _TrackedOutput(self._io.new_output(path))
-            self._writer = self._format.create_writer(self._output, self._file_schema, self._metadata.properties)
+            self._writer = self._format.create_writer(self._output, self.file_schema, self._metadata.properties)
         table = pa.Table.from_batches(self._buffer)
         self._writer.write(table)
         self._buffer, self._buffered = [], 0

@@ -1,0 +1,193 @@
+"""The fast path of a group rewrite: Polars' streaming Parquet engine, for groups that qualify.
+
+Polars (Rust) decodes and encodes on all cores with no Python per batch or per file, which is
+what thousands of tiny files and CPU-bound re-encoding need. It reads columns by name, so a group
+is handed to it only when reading by name is reading by Iceberg field id:
+- every column name in the table's schema history has always had one field id, and the first
+  source file's columns are the table's columns (same ids, order and Arrow types: the projection
+  pyiceberg would apply is a pure relabel, see SourceReader.relabel_target);
+- Polars itself refuses any file with a missing, extra or differently typed column
+  (`missing_columns` / `extra_columns` = "raise", no casts), so an older file of an evolved table
+  fails the scan, and the group then goes through the per-file projecting path;
+- flat columns of types Polars writes exactly as pyiceberg does, local files, no sort order,
+  and no Parquet table property Polars cannot honour.
+Result files carry the same field ids, codec, row-group limit and page size as pyiceberg's writer
+would give them; their statistics come from their footers through pyiceberg's own functions.
+Anything unexpected (a Polars error, a row count that does not add up) deletes what this path
+wrote and returns None: the caller then rewrites the group on the per-file path, which names a
+bad file precisely.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyiceberg.io import FileIO
+from pyiceberg.io.pyarrow import (
+    PyArrowFileIO,
+    compute_statistics_plan,
+    data_file_statistics_from_parquet_metadata,
+    parquet_path_to_id_mapping,
+)
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.schema import Schema
+from pyiceberg.table import TableProperties
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.typedef import Record
+from pyiceberg.utils.properties import property_as_int
+
+from compaction_assets.faults import crash_point
+
+log = logging.getLogger(__name__)
+
+_UNSUPPORTED_PROPERTIES = (
+    TableProperties.PARQUET_DICT_SIZE_BYTES,
+    TableProperties.PARQUET_PAGE_ROW_LIMIT,
+    TableProperties.PARQUET_ROW_GROUP_SIZE_BYTES,
+    TableProperties.PARQUET_BLOOM_FILTER_MAX_BYTES,
+)
+_CODECS = {"uncompressed": "uncompressed", "snappy": "snappy", "gzip": "gzip", "zstd": "zstd", "lz4": "lz4"}
+
+
+def names_are_ids(metadata: TableMetadata) -> bool:
+    """True if no column name ever meant two field ids in the table's schema history."""
+    ids: dict[str, int] = {}
+    for schema in metadata.schemas:
+        for column in schema.columns:
+            if ids.setdefault(column.name, column.field_id) != column.field_id:
+                return False
+    return True
+
+
+def polars_schema(target: pa.Schema) -> pa.Schema | None:
+    """`target` as Polars can write it (large string/binary), or None if a type is not one we allow."""
+    fields = []
+    for f in target:
+        t = f.type
+        if pa.types.is_string(t) or pa.types.is_large_string(t):
+            t = pa.large_string()
+        elif pa.types.is_binary(t) or pa.types.is_large_binary(t):
+            t = pa.large_binary()
+        elif pa.types.is_timestamp(t):
+            if t.unit != "us" or t.tz not in (None, "UTC", "+00:00"):
+                return None
+        elif not (
+            pa.types.is_boolean(t)
+            or pa.types.is_int32(t)
+            or pa.types.is_int64(t)
+            or pa.types.is_float32(t)
+            or pa.types.is_float64(t)
+            or pa.types.is_date32(t)
+        ):
+            return None
+        fields.append(f.with_type(t))
+    return pa.schema(fields)
+
+
+def qualifies(metadata: TableMetadata, io: FileIO, paths: list[str], sorted_output: bool) -> bool:
+    """The group-level conditions (the schema conditions are checked on the first file)."""
+    props = metadata.properties
+    return (
+        not sorted_output
+        and isinstance(io, PyArrowFileIO)
+        and all(PyArrowFileIO.parse_location(p, io.properties)[0] == "file" for p in paths)
+        and not any(key in props for key in _UNSUPPORTED_PROPERTIES)
+        and not any(key.startswith(TableProperties.PARQUET_BLOOM_FILTER_COLUMN_ENABLED_PREFIX) for key in props)
+        and props.get(TableProperties.PARQUET_COMPRESSION, TableProperties.PARQUET_COMPRESSION_DEFAULT) in _CODECS
+        and names_are_ids(metadata)
+    )
+
+
+def rewrite_with_polars(
+    io: FileIO,
+    metadata: TableMetadata,
+    file_schema: Schema,
+    target: pa.Schema,
+    sources: list,
+    partition: Record,
+    spec_id: int,
+    name: str,
+    max_files: int,
+) -> list[DataFile] | None:
+    """Write `sources` (SourceFile-like) as up to `max_files` files `<name>-NNNNN.parquet`."""
+    import polars as pl
+
+    props = metadata.properties
+    codec = props.get(TableProperties.PARQUET_COMPRESSION, TableProperties.PARQUET_COMPRESSION_DEFAULT)
+    options = {
+        "compression": _CODECS[codec],
+        "compression_level": property_as_int(props, TableProperties.PARQUET_COMPRESSION_LEVEL),
+        "row_group_size": property_as_int(
+            props, TableProperties.PARQUET_ROW_GROUP_LIMIT, TableProperties.PARQUET_ROW_GROUP_LIMIT_DEFAULT
+        ),
+        "data_page_size": property_as_int(
+            props, TableProperties.PARQUET_PAGE_SIZE_BYTES, TableProperties.PARQUET_PAGE_SIZE_BYTES_DEFAULT
+        ),
+        "statistics": True,
+        "arrow_schema": target,
+    }
+    stats_plan = compute_statistics_plan(file_schema, props)
+    id_mapping = parquet_path_to_id_mapping(file_schema)
+    written: list[DataFile] = []
+    opened: list[str] = []
+    try:
+        for k, chunk in enumerate(_split(sources, max_files)):
+            location = f"{name}-{k:05d}.parquet"
+            opened.append(location)
+            local = local_path(io, location)
+            frame = pl.scan_parquet(
+                [local_path(io, s.path) for s in chunk],
+                glob=False,
+                hive_partitioning=False,
+                missing_columns="raise",
+                extra_columns="raise",
+            )
+            physical = frame.collect_schema().names()
+            if physical != target.names:
+                frame = frame.rename(dict(zip(physical, target.names, strict=True)))
+            frame.sink_parquet(local, **options)
+            footer = pq.read_metadata(local)
+            if footer.num_rows != sum(s.records for s in chunk):
+                raise ValueError(f"{location}: {footer.num_rows} rows, sources say {sum(s.records for s in chunk)}")
+            stats = data_file_statistics_from_parquet_metadata(footer, stats_plan, id_mapping)
+            data_file = DataFile.from_args(
+                content=DataFileContent.DATA,
+                file_path=location,
+                file_format=FileFormat.PARQUET,
+                partition=partition,
+                file_size_in_bytes=io.new_input(location).__len__(),
+                sort_order_id=None,
+                equality_ids=None,
+                key_metadata=None,
+                **stats.to_serialized_dict(),
+            )
+            data_file.spec_id = spec_id
+            written.append(data_file)
+            crash_point("worker_mid_group")
+    except Exception as exc:  # noqa: BLE001 - any failure: clean up, let the per-file path decide
+        log.warning("polars rewrite of %s fell back to the per-file path: %s", name, str(exc).splitlines()[0])
+        for location in opened:
+            with contextlib.suppress(OSError):
+                io.delete(location)
+        return None
+    return written
+
+
+def _split(sources: list, parts: int) -> list[list]:
+    """Consecutive runs of `sources` of about equal bytes, at most `parts` of them."""
+    total = sum(s.size for s in sources)
+    runs: list[list] = [[]]
+    done = 0
+    for source in sources:
+        if runs[-1] and len(runs) < parts and done >= total * len(runs) / parts:
+            runs.append([])
+        runs[-1].append(source)
+        done += source.size
+    return runs
+
+
+def local_path(io: FileIO, location: str) -> str:
+    return PyArrowFileIO.parse_location(location, io.properties)[2]

@@ -1,0 +1,229 @@
+"""Reading a group's source files, in the Arrow schema the output file is written with.
+
+Two paths, same rows:
+- **bulk**: files whose columns already are the table's columns (same field ids in the same
+  order, same Arrow types, flat) need no projection, only new labels. Their footers are read on
+  a thread pool and the files are scanned together by one pyarrow dataset scanner, which decodes
+  several files at a time on Arrow's threads (without the GIL) while the caller encodes. This is
+  what makes thousands of tiny files cheap: one Python call per batch instead of per-file setup.
+- **projected**: every other file (renamed, added, dropped or promoted columns, nested types,
+  missing ids without a name mapping) goes through pyiceberg's ArrowScan one file at a time, which
+  projects it onto the current schema by field id.
+
+Whether a physical schema qualifies is decided once per distinct schema, by running pyiceberg's
+own projection on an empty batch of it: the bulk path is taken only where that projection is a
+pure relabel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.fs  # noqa: F401 - pa.fs
+from pyiceberg.expressions import AlwaysTrue
+from pyiceberg.io import FileIO
+from pyiceberg.io.pyarrow import ArrowScan, PyArrowFileIO, _to_requested_schema, pyarrow_to_schema
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.table import FileScanTask
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.typedef import Record
+
+from compaction_assets.errors import InputFileError
+
+MiB = 1024 * 1024
+READAHEAD_BYTES = 64 * MiB  # source bytes the bulk scanner may have in flight
+FOOTER_THREADS = 8  # footers read at once from an object store
+CHUNK_FILES = 2048  # files whose footers are held at once
+
+
+class SourceReader:
+    """Streams the rows of `sources` (SourceFile-like: path, size, records) converted by `convert`.
+
+    `convert` maps a batch in the table's scan schema to the output file's schema (the
+    RollingWriter's conversion); bulk batches are labelled with its result directly.
+    """
+
+    def __init__(
+        self,
+        metadata: TableMetadata,
+        io: FileIO,
+        sources: list,
+        partition: Record,
+        spec_id: int,
+        convert: Callable[[pa.RecordBatch], pa.RecordBatch],
+    ) -> None:
+        self._metadata = metadata
+        self._io = io
+        self._sources = sources
+        self._partition = partition
+        self._spec_id = spec_id
+        self._convert = convert
+        self._schema = metadata.schema()
+        self._downcast = metadata.format_version <= 2
+        self._targets: dict[str, pa.Schema | None] = {}  # by physical schema, field ids included
+        self.bulk_paths: list[str] = []
+        self.projected_paths: list[str] = []
+
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        located = [self._locate(s.path) for s in self._sources] if isinstance(self._io, PyArrowFileIO) else []
+        if not located or any(fs is not located[0][1] for _, fs in located):
+            for source in self._sources:
+                yield from self._project(source)
+            return
+        # pre-buffering coalesces reads for object stores; on a local disk it only costs time
+        remote = not isinstance(located[0][1], pa.fs.LocalFileSystem)
+        self._format = ds.ParquetFileFormat(
+            default_fragment_scan_options=ds.ParquetFragmentScanOptions(pre_buffer=remote)
+        )
+        # chunks bound the footers held in memory (~20 KB each) however many files a group has
+        pairs = list(zip(self._sources, located, strict=True))
+        for start in range(0, len(pairs), CHUNK_FILES):
+            chunk = pairs[start : start + CHUNK_FILES]
+            runs, projected = self._split(chunk, threads=FOOTER_THREADS if remote else 1)
+            for target, run in runs.values():
+                yield from self._scan(target, run)
+            for source in projected:
+                yield from self._project(source)
+
+    def _split(self, chunk: list, threads: int) -> tuple[dict[str, tuple[pa.Schema, list]], list]:
+        """Bulk fragments grouped by target schema (one scanner each); the rest for ArrowScan."""
+        fragments = [self._format.make_fragment(path, fs) for _, (path, fs) in chunk]
+        if threads > 1:  # footers of remote files: latency-bound, so read several at once
+            with ThreadPoolExecutor(threads) as pool:
+                errors = list(pool.map(_load_footer, fragments))
+        else:
+            errors = [_load_footer(f) for f in fragments]
+        runs: dict[str, tuple[pa.Schema, list]] = {}  # one scanner per identical physical schema
+        projected = []
+        for (source, _), fragment, error in zip(chunk, fragments, errors, strict=True):
+            if error is not None:
+                raise _unreadable(source.path, error)
+            if fragment.metadata.num_rows != source.records:
+                raise _count_mismatch(source.path, fragment.metadata.num_rows, source.records)
+            key = _schema_key(fragment.physical_schema)
+            if key not in self._targets:
+                self._targets[key] = self.relabel_target(fragment.physical_schema)
+            target = self._targets[key]
+            if target is None:
+                projected.append(source)
+                self.projected_paths.append(source.path)
+            else:
+                runs.setdefault(key, (target, []))[1].append((source, fragment))
+                self.bulk_paths.append(source.path)
+        return runs, projected
+
+    def _locate(self, path: str) -> tuple[str, pa.fs.FileSystem]:
+        scheme, netloc, local = PyArrowFileIO.parse_location(path, self._io.properties)
+        return local, self._io.fs_by_scheme(scheme, netloc)
+
+    def relabel_target(self, physical: pa.Schema) -> pa.Schema | None:
+        """The output schema for files of `physical`, if converting them is only a relabel."""
+        if any(pa.types.is_nested(f.type) for f in physical):
+            return None
+        try:
+            file_schema = pyarrow_to_schema(
+                physical,
+                self._metadata.name_mapping(),
+                downcast_ns_timestamp_to_us=self._downcast,
+                format_version=self._metadata.format_version,
+            )
+        except ValueError:  # no field ids and no name mapping: ArrowScan decides what that means
+            return None
+        if [f.field_id for f in file_schema.columns] != [f.field_id for f in self._schema.columns]:
+            return None
+        empty = pa.RecordBatch.from_arrays([pa.array([], f.type) for f in physical], schema=physical)
+        scanned = _to_requested_schema(
+            self._schema,
+            file_schema,
+            empty,
+            downcast_ns_timestamp_to_us=self._downcast,
+            allow_timestamp_tz_mismatch=True,
+        )
+        target = self._convert(scanned).schema
+        same = len(target) == len(physical) and all(
+            t.type == p.type and (t.nullable or not p.nullable) for t, p in zip(target, physical, strict=False)
+        )
+        return target if same else None
+
+    def _scan(self, target: pa.Schema, run: list[tuple[object, ds.ParquetFileFragment]]) -> Iterator[pa.RecordBatch]:
+        sources = [s for s, _ in run]
+        fragments = [f for _, f in run]
+        physical = fragments[0].physical_schema
+        average = max(1, sum(s.size for s in sources) // len(sources))
+        dataset = ds.FileSystemDataset(fragments, physical, self._format, fragments[0].filesystem)
+        read = 0
+        try:
+            for batch in dataset.to_batches(
+                use_threads=True,
+                fragment_readahead=max(1, min(64, READAHEAD_BYTES // average)),
+                batch_readahead=4,
+            ):
+                read += batch.num_rows
+                yield pa.RecordBatch.from_arrays(batch.columns, schema=target)
+        except (OSError, pa.ArrowException) as exc:
+            raise self._culprit(sources, fragments, exc) from exc
+        expected = sum(s.records for s in sources)
+        if read != expected:
+            raise InputFileError(
+                f"data files of the group yielded {read} rows but their manifest entries say {expected}"
+            )
+
+    @staticmethod
+    def _culprit(sources: list, fragments: list[ds.ParquetFileFragment], exc: Exception) -> InputFileError:
+        """After a bulk scan failed: read the files one by one to name the bad one."""
+        for source, fragment in zip(sources, fragments, strict=True):
+            try:
+                fragment.to_table(use_threads=False)
+            except (OSError, pa.ArrowException) as own:
+                return _unreadable(source.path, own)
+        return InputFileError(f"cannot read the group's data files: {type(exc).__name__}: {exc}")
+
+    def _project(self, source) -> Iterator[pa.RecordBatch]:  # noqa: ANN001 - SourceFile
+        scan = ArrowScan(self._metadata, self._io, self._schema, AlwaysTrue())
+        data_file = DataFile.from_args(
+            content=DataFileContent.DATA,
+            file_path=source.path,
+            file_format=FileFormat.PARQUET,
+            partition=self._partition,
+            record_count=source.records,
+            file_size_in_bytes=source.size,
+        )
+        data_file.spec_id = self._spec_id
+        # The generator behind ArrowScan.to_record_batches, without its whole-file materialisation.
+        batches = scan._record_batches_from_scan_tasks_and_deletes([FileScanTask(data_file)], {})
+        read = 0
+        while True:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                break
+            except Exception as exc:
+                raise _unreadable(source.path, exc) from exc
+            read += batch.num_rows
+            yield self._convert(batch)
+        if read != source.records:
+            raise _count_mismatch(source.path, read, source.records)
+
+
+def _schema_key(schema: pa.Schema) -> str:
+    """Names, types and field ids: pa.Schema equality ignores field metadata, where the ids live."""
+    return schema.to_string(show_field_metadata=True, show_schema_metadata=False)
+
+
+def _load_footer(fragment: ds.ParquetFileFragment) -> Exception | None:
+    try:
+        fragment.ensure_complete_metadata()
+    except (OSError, pa.ArrowException) as exc:
+        return exc
+    return None
+
+
+def _unreadable(path: str, exc: Exception) -> InputFileError:
+    return InputFileError(f"cannot read data file {path}: {type(exc).__name__}: {exc}")
+
+
+def _count_mismatch(path: str, rows: int, records: int) -> InputFileError:
+    return InputFileError(f"data file {path} has {rows} rows but its manifest entry says {records}")

@@ -1,0 +1,115 @@
+"""Which path rewrites a group (Polars, bulk Arrow scan, per-file projection) and that each keeps
+the rows: by content, against tables whose files need projection by field id."""
+
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyiceberg.schema import Schema
+from pyiceberg.types import LongType, NestedField, StringType
+
+from compaction_assets.demo import append_fragments
+from compaction_assets.engine import Engine
+from compaction_assets.execution.source_reader import SourceReader
+from compaction_assets.execution.worker import RewriteJob, RollingWriter, rewrite_group
+from compaction_assets.lake.catalog import load_table
+from compaction_assets.lake.datafile_codec import decode_partition
+from compaction_assets.lake.digest import rows_digest
+from tests.conftest import create_fragmented, data_files
+
+
+def _job(engine: Engine, table_name: str) -> RewriteJob:
+    """The rewrite job the engine would send to Spark for `table_name` (attempts begun in the ledger)."""
+    table = load_table(engine.catalog, table_name)
+    tplan, files = engine._plan(table, table_name, None)
+    _, job = engine._begin(table, table_name, tplan, files, tplan.to_compact, None)
+    return RewriteJob.from_json(job.to_json())
+
+
+def _rows(table) -> list[dict]:
+    return sorted(table.scan().to_arrow().to_pylist(), key=lambda r: r["id"])
+
+
+def test_plain_fragments_go_through_polars_with_field_ids_and_statistics(lake):
+    table = create_fragmented(lake, "ns.plain", {"eu": 40, "us": 30})
+    before = rows_digest(table)
+
+    outcomes = [o for o in lake.engine.compact("ns.plain") if o.status == "committed"]
+
+    assert {o.engine for o in outcomes} == {"polars"} and len(outcomes) == 2
+    table = lake.table("ns.plain")
+    assert rows_digest(table) == before
+    for f in data_files(table):
+        assert f["lower_bounds"] and f["upper_bounds"] and f["null_value_counts"] and f["column_sizes"]
+    # a pyiceberg scan with a filter prunes and reads the Polars-written files by field id
+    assert table.scan(row_filter="id < 10").to_arrow().num_rows == 10
+
+
+def test_a_swapped_column_name_never_goes_by_name(lake):
+    """a and b trade names: reading old files by name would swap their values, so Polars is off."""
+    schema = Schema(
+        NestedField(1, "id", LongType(), required=False),
+        NestedField(2, "a", StringType(), required=False),
+        NestedField(3, "b", StringType(), required=False),
+    )
+    table = lake.catalog.create_table("ns.swap", schema=schema)
+    append_fragments(table, [pa.table({"id": [i], "a": [f"first-{i}"], "b": [f"second-{i}"]}) for i in range(8)])
+    with table.update_schema() as update:
+        update.rename_column("a", "tmp")
+    with table.update_schema() as update:
+        update.rename_column("b", "a")
+    with table.update_schema() as update:
+        update.rename_column("tmp", "b")
+    table = lake.table("ns.swap")
+    append_fragments(table, [pa.table({"id": [i], "b": [f"first-{i}"], "a": [f"second-{i}"]}) for i in range(8, 16)])
+    expected = _rows(lake.table("ns.swap"))
+    assert expected[0] == {"id": 0, "b": "first-0", "a": "second-0"}
+
+    [outcome] = lake.engine.compact("ns.swap")
+
+    assert outcome.status == "committed" and outcome.engine == "arrow"
+    assert _rows(lake.table("ns.swap")) == expected
+
+
+def test_files_of_an_older_schema_are_projected_the_rest_scanned_in_bulk(lake):
+    schema = Schema(NestedField(1, "id", LongType(), required=False), NestedField(2, "name", StringType(), False))
+    table = lake.catalog.create_table("ns.grown", schema=schema)
+    append_fragments(table, [pa.table({"id": pa.array([i], pa.int64()), "name": [f"n{i}"]}) for i in range(6)])
+    with table.update_schema() as update:
+        update.add_column("email", StringType())
+    table = lake.table("ns.grown")
+    new = [pa.table({"id": pa.array([i], pa.int64()), "name": [f"n{i}"], "email": [f"{i}@x"]}) for i in range(6, 12)]
+    append_fragments(table, new)
+    table = lake.table("ns.grown")
+    paths = [f["file_path"] for f in data_files(table)]
+    old_paths = {p for p in paths if "email" not in pq.read_schema(urlparse(p).path).names}
+    assert len(old_paths) == 6
+    expected = _rows(table)
+
+    job = _job(lake.engine, "ns.grown")
+    [group] = job.groups
+    metadata = table.metadata
+    writer = RollingWriter(table.io, metadata, decode_partition(group.partition), group, 1 << 30, 0)
+    reader = SourceReader(metadata, table.io, group.sources, decode_partition(group.partition), 0, writer.convert)
+    rows = [row for batch in reader.batches() for row in batch.to_pylist()]
+    assert set(reader.projected_paths) == old_paths
+    assert set(reader.bulk_paths) == {s.path for s in group.sources} - old_paths
+    assert sorted(rows, key=lambda r: r["id"]) == expected
+
+    # the same group through the worker: Polars refuses the mixed schemas, the Arrow path writes it
+    outcome = rewrite_group(job, 0)
+    assert outcome.error is None and outcome.engine == "arrow" and outcome.rows_read == 12
+
+
+def test_a_corrupt_page_under_an_intact_footer_is_named(lake):
+    table = create_fragmented(lake, "ns.t", {"eu": 12})
+    victim = sorted(f["file_path"] for f in data_files(table))[5]
+    path = Path(urlparse(victim).path)
+    raw = bytearray(path.read_bytes())
+    raw[4:300] = bytes(296)  # the first data pages; the footer at the end still parses
+    path.write_bytes(bytes(raw))
+
+    [outcome] = lake.engine.compact("ns.t")
+
+    assert outcome.status == "failed" and victim in outcome.reason
