@@ -34,7 +34,7 @@ from pyiceberg.typedef import Record
 from compaction_assets.errors import InputFileError
 
 MiB = 1024 * 1024
-READAHEAD_BYTES = 64 * MiB  # source bytes the bulk scanner may have in flight
+READAHEAD_BYTES = 64 * MiB  # source bytes one bulk scan may have in flight
 FOOTER_THREADS = 8  # footers read at once from an object store
 CHUNK_FILES = 2048  # files whose footers are held at once
 
@@ -149,27 +149,31 @@ class SourceReader:
         return target if same else None
 
     def _scan(self, target: pa.Schema, run: list[tuple[object, ds.ParquetFileFragment]]) -> Iterator[pa.RecordBatch]:
-        sources = [s for s, _ in run]
-        fragments = [f for _, f in run]
-        physical = fragments[0].physical_schema
-        average = max(1, sum(s.size for s in sources) // len(sources))
-        dataset = ds.FileSystemDataset(fragments, physical, self._format, fragments[0].filesystem)
+        """Scan files of one physical schema, a window of at most READAHEAD_BYTES at a time
+        (large files: one at a time, so memory stays at one file's row group)."""
+        window: list[tuple[object, ds.ParquetFileFragment]] = []
+        for item in run:
+            if window and sum(s.size for s, _ in window) + item[0].size > READAHEAD_BYTES:
+                yield from self._scan_window(target, window)
+                window = []
+            window.append(item)
+        if window:
+            yield from self._scan_window(target, window)
+
+    def _scan_window(self, target: pa.Schema, window: list) -> Iterator[pa.RecordBatch]:
+        sources = [s for s, _ in window]
+        fragments = [f for _, f in window]
+        dataset = ds.FileSystemDataset(fragments, fragments[0].physical_schema, self._format, fragments[0].filesystem)
         read = 0
         try:
-            for batch in dataset.to_batches(
-                use_threads=True,
-                fragment_readahead=max(1, min(64, READAHEAD_BYTES // average)),
-                batch_readahead=4,
-            ):
+            for batch in dataset.to_batches(use_threads=True, fragment_readahead=len(fragments), batch_readahead=4):
                 read += batch.num_rows
                 yield pa.RecordBatch.from_arrays(batch.columns, schema=target)
         except (OSError, pa.ArrowException) as exc:
             raise self._culprit(sources, fragments, exc) from exc
         expected = sum(s.records for s in sources)
         if read != expected:
-            raise InputFileError(
-                f"data files of the group yielded {read} rows but their manifest entries say {expected}"
-            )
+            raise InputFileError(f"the group's data files have {read} rows but their manifest entries say {expected}")
 
     @staticmethod
     def _culprit(sources: list, fragments: list[ds.ParquetFileFragment], exc: Exception) -> InputFileError:

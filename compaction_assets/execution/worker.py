@@ -178,7 +178,7 @@ def _rewrite_with_polars(
     writer: RollingWriter,
 ) -> list[DataFile] | None:
     """The group through Polars if it qualifies (see polars_rewrite); None: use the per-file path."""
-    if not polars_rewrite.qualifies(metadata, io, [s.path for s in spec.sources], bool(job.sort_columns)):
+    if not polars_rewrite.qualifies(metadata, io, spec.sources, bool(job.sort_columns)):
         return None
     try:
         physical = pq.read_schema(polars_rewrite.local_path(io, spec.sources[0].path))
