@@ -181,3 +181,21 @@ def test_append_racing_the_commit_does_not_make_compaction_give_up(lake, monkeyp
 
     assert outcome.status == "committed", outcome.reason  # pyiceberg's serializable check failed once
     assert rows(lake.table("ns.t")) == sorted(expected, key=lambda r: r["id"])
+
+
+def test_compacting_one_partition_keeps_the_others_files_in_a_shared_manifest(lake):
+    table = create_fragmented(lake, "ns.t", {"eu": 10, "us": 10})
+    with table.transaction() as txn:  # merge manifests at once: eu's and us's files end up in one
+        txn.set_properties({"commit.manifest.min-count-to-merge": "2"})
+    before = rows_digest(lake.table("ns.t"))
+
+    [eu] = lake.engine.compact("ns.t", partition="region=eu")
+    table = lake.table("ns.t")
+    [manifest] = table.current_snapshot().manifests(table.io)
+    assert eu.status == "committed" and len(data_files(table)) == 11
+    [us] = lake.engine.compact("ns.t", partition="region=us")  # rewrites that manifest without us's files
+
+    table = lake.table("ns.t")
+    assert us.status == "committed"
+    assert sorted(f["partition"]["region"] for f in data_files(table)) == ["eu", "us"]
+    assert rows_digest(table) == before

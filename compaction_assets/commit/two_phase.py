@@ -14,11 +14,19 @@ from collections.abc import Callable, Sequence
 
 from pyiceberg.exceptions import CommitFailedException, ValidationException
 from pyiceberg.expressions import AlwaysFalse
-from pyiceberg.manifest import DataFile, ManifestContent, ManifestFile
+from pyiceberg.manifest import (
+    DataFile,
+    DataFileContent,
+    ManifestContent,
+    ManifestEntry,
+    ManifestEntryStatus,
+    ManifestFile,
+)
 from pyiceberg.table import Table, TableProperties
 from pyiceberg.table.snapshots import Operation, Snapshot
 from pyiceberg.table.update.snapshot import _ManifestMergeManager, _OverwriteFiles
 from pyiceberg.table.update.validate import _validate_data_files_exist, _validate_no_new_deletes_for_data_files
+from pyiceberg.typedef import KeyDefaultDict
 from pyiceberg.utils.properties import property_as_bool, property_as_int
 
 from compaction_assets.commit.ledger import Attempt, Ledger, StaleAttempt, Status
@@ -26,6 +34,7 @@ from compaction_assets.errors import BackOff
 from compaction_assets.faults import crash_point
 from compaction_assets.lake.datafile_codec import datafile_from_json
 from compaction_assets.lake.files import LiveFile, live_files
+from compaction_assets.lake.manifest_cache import live_entries
 from compaction_assets.lake.storage import delete_files, files_with_prefix
 
 TASK_ID_PROPERTY = "compaction.task-id"
@@ -140,7 +149,63 @@ class _RewriteFiles(_OverwriteFiles):
     Manifests: merged as Java Iceberg's rewrite does (`commit.manifest-merge.enabled`, default
     true there, and here), so the one-manifest-per-append trail of a streaming writer is folded
     up by every compaction instead of making each later read of the table slower.
+
+    Manifest entries: read through the process's manifest cache, where the conflict check has
+    just put them. pyiceberg's `_deleted_entries` and `_existing_manifests` (whose logic the two
+    overrides keep) each decode the parent snapshot's manifests again: for a 5,000-file rewrite
+    that was 0.9 of the commit's 1.2 s.
     """
+
+    def _manifests_to_scan(self, snapshot: Snapshot | None) -> list[tuple[ManifestFile, tuple[ManifestEntry, ...]]]:
+        """The snapshot's manifests, each with its live entries if it may hold a replaced file
+        (pyiceberg's partition evaluator), else with none."""
+        if snapshot is None:
+            return []
+        evaluators = KeyDefaultDict(self._build_manifest_evaluator)
+        return [
+            (manifest, live_entries(manifest, self._io) if evaluators[manifest.partition_spec_id](manifest) else ())
+            for manifest in snapshot.manifests(io=self._io)
+        ]
+
+    def _deleted_entries(self) -> list[ManifestEntry]:
+        metadata = self._transaction.table_metadata
+        parent = metadata.snapshot_by_id(self._parent_snapshot_id) if self._parent_snapshot_id is not None else None
+        deleted = [
+            ManifestEntry.from_args(
+                status=ManifestEntryStatus.DELETED,
+                snapshot_id=self._snapshot_id,
+                sequence_number=entry.sequence_number,
+                file_sequence_number=entry.file_sequence_number,
+                data_file=entry.data_file,
+            )
+            for _, entries in self._manifests_to_scan(parent)
+            for entry in entries
+            if entry.data_file.content == DataFileContent.DATA and entry.data_file in self._deleted_data_files
+        ]
+        self._validate_required_deletes(deleted)
+        return deleted
+
+    def _existing_manifests(self) -> list[ManifestFile]:
+        kept = []
+        head = self._transaction.table_metadata.snapshot_by_name(name=self._target_branch)
+        for manifest, entries in self._manifests_to_scan(head):
+            remaining = [e for e in entries if e.data_file not in self._deleted_data_files]
+            if len(remaining) == len(entries):
+                kept.append(manifest)
+            elif remaining:  # rewrite the manifest without the replaced files
+                with self.new_manifest_writer(self.spec(manifest.partition_spec_id)) as writer:
+                    for entry in remaining:
+                        writer.add_entry(
+                            ManifestEntry.from_args(
+                                status=ManifestEntryStatus.EXISTING,
+                                snapshot_id=entry.snapshot_id,
+                                sequence_number=entry.sequence_number,
+                                file_sequence_number=entry.file_sequence_number,
+                                data_file=entry.data_file,
+                            )
+                        )
+                kept.append(writer.to_manifest_file())
+        return kept
 
     def _process_manifests(self, manifests: list[ManifestFile]) -> list[ManifestFile]:
         props = self._transaction.table_metadata.properties
