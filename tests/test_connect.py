@@ -2,6 +2,7 @@
 a compaction through it, and the server stopped again."""
 
 import subprocess
+import sys
 
 import pytest
 import yaml
@@ -55,3 +56,19 @@ def test_compaction_through_spark_connect(lake, server_config):
 def test_a_second_start_reuses_the_running_server(server_config):
     again = server_cli("start", server_config)
     assert again.returncode == 0 and "running at" in again.stdout
+
+
+def test_runs_join_the_servers_shared_session(server_config):
+    """Every client process attaches to the session the server was started with, so runs find
+    its Python workers warm instead of starting and importing new ones."""
+    code = (
+        "import sys; from compaction_assets.config import load_config; "
+        "from compaction_assets.execution.spark import spark_session; "
+        "s = spark_session(load_config(sys.argv[1]).spark); "
+        "print(s.session_id, s.range(3).count())"
+    )
+    shared = (server_config.parent / "srv" / "session-id").read_text().strip()
+    for _ in range(2):
+        run = subprocess.run([sys.executable, "-c", code, str(server_config)], capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.split() == [shared, "3"]

@@ -99,6 +99,7 @@ def compare(engine: Engine, spark, root: Path, dataset: Dataset, log: Callable[[
     table_name = f"{NAMESPACE}.{dataset.name}"
     datasets.iceberg_table(engine.catalog, table_name, sources, {})
     delta_uri = datasets.delta_table(folder / "delta")
+    os.sync()  # no contender pays for writing back the freshly generated files
     report = DatasetReport(dataset.name, dataset.files, dataset.rows, bytes_in)
     runs = [
         lambda: contenders.ours(engine, table_name, expected, bytes_in, dataset.files),
@@ -135,6 +136,7 @@ def memory_group(engine: Engine, root: Path, log: Callable[[str], None], gib: fl
     }
     table = datasets.iceberg_table(engine.catalog, name, sources, props)
     expected = rows_digest(table)
+    os.sync()
     started = time.perf_counter()
     outcomes = engine.compact(name)
     seconds = time.perf_counter() - started

@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -19,9 +20,12 @@ import pyspark
 
 from compaction_assets.config import SparkConfig
 from compaction_assets.errors import CompactionError
-from compaction_assets.execution.spark import LOCAL_DEFAULTS, ensure_worker_python
+from compaction_assets.execution.spark import LOCAL_DEFAULTS, SESSION_ID_FILE, ensure_worker_python
 
 SBIN = Path(pyspark.__file__).parent / "sbin"
+# Runs share one session (see spark.shared_remote); Spark closes idle sessions after 60 min by
+# default and never reopens a closed session id, so the shared one must not idle out.
+SESSION_IDLE_TIMEOUT = "3650d"
 LOCAL_HOSTS = ("127.0.0.1", "localhost")
 
 
@@ -73,6 +77,7 @@ def start(cfg: SparkConfig, wait_seconds: float = 180) -> ServerStatus:
     host, port = host_port(cfg)
     conf = {
         **LOCAL_DEFAULTS,
+        "spark.connect.session.manager.defaultSessionTimeout": SESSION_IDLE_TIMEOUT,
         **cfg.conf,
         "spark.connect.grpc.binding.address": host,
         "spark.connect.grpc.binding.port": str(port),
@@ -81,6 +86,8 @@ def start(cfg: SparkConfig, wait_seconds: float = 180) -> ServerStatus:
     script = SBIN / "start-connect-server.sh"
     if not script.exists():
         raise CompactionError(f"this pyspark wheel ships no Spark Connect server ({script} is missing)")
+    Path(cfg.server_dir).mkdir(parents=True, exist_ok=True)
+    (Path(cfg.server_dir) / SESSION_ID_FILE).write_text(f"{uuid.uuid4()}\n")
     done = subprocess.run(
         [str(script), "--master", cfg.master, *args], env=_env(cfg), capture_output=True, text=True, check=False
     )
