@@ -18,6 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.dataset as ds
 import yaml
+from pyiceberg.table import Table
 
 from compaction_assets.bench import contenders, datasets, fixed_cost, planning_scale
 from compaction_assets.bench.datasets import Dataset
@@ -159,22 +160,28 @@ def memory_group(engine: Engine, root: Path, log: Callable[[str], None], gib: fl
 
 def commits_per_table(engine: Engine, log: Callable[[str], None], partitions: int = 50) -> dict:
     """Compact a table with `partitions` fragmented partitions; count the snapshots it took."""
-    from compaction_assets.demo import append_fragments
-
-    batches = [
-        datasets.rows(i * 10, 10, i).append_column("part", pa.array([i % partitions] * 10, pa.int32()))
-        for i in range(partitions * 6)
-    ]
-    table = engine.catalog.create_table(f"{NAMESPACE}.wide", schema=batches[0].schema)
-    with table.update_spec() as spec:
-        spec.add_identity("part")
-    append_fragments(table, batches)
-    before = len(engine.catalog.load_table(table.name()).metadata.snapshots)
+    table = partitioned_fragments(engine, f"{NAMESPACE}.wide", partitions)
+    before = len(table.metadata.snapshots)
     outcomes = engine.compact(f"{NAMESPACE}.wide")
     commits = len(engine.catalog.load_table(table.name()).metadata.snapshots) - before
     compacted = sum(o.status == "committed" for o in outcomes)
     log(f"[commits] {compacted} of {partitions} partitions compacted in {commits} commit(s) to the table")
     return {"partitions": partitions, "partitions_compacted": compacted, "commits": commits}
+
+
+def partitioned_fragments(engine: Engine, name: str, partitions: int, files_per_partition: int = 6) -> Table:
+    """A table partitioned by an int column, `files_per_partition` files of ten rows in each."""
+    from compaction_assets.demo import append_fragments
+
+    batches = [
+        datasets.rows(i * 10, 10, i).append_column("part", pa.array([i % partitions] * 10, pa.int32()))
+        for i in range(partitions * files_per_partition)
+    ]
+    table = engine.catalog.create_table(name, schema=batches[0].schema)
+    with table.update_spec() as spec:
+        spec.add_identity("part")
+    append_fragments(table, batches)
+    return engine.catalog.load_table(name)
 
 
 def run_bench(
@@ -199,7 +206,7 @@ def run_bench(
     engine.catalog.create_namespace_if_not_exists(NAMESPACE)
     log(f"bench in {root}: {report.cores} cores; Spark session started in {report.session_start_s:.1f}s")
     started = time.perf_counter()
-    warm_up(engine)
+    warm_up(engine, report.cores)
     report.warmup_s = time.perf_counter() - started
     log(f"warm-up compaction (starts the Spark Python workers, as a long-lived session has) {report.warmup_s:.1f}s")
     try:
@@ -233,9 +240,8 @@ def run_bench(
     return report
 
 
-def warm_up(engine: Engine) -> None:
-    """Compact a throwaway two-partition table once: Spark's Python workers start and import."""
-    from compaction_assets.bench.fixed_cost import trivial_table
-
-    trivial_table(Path(engine.config.source), f"{NAMESPACE}.warmup")
+def warm_up(engine: Engine, cores: int) -> None:
+    """Compact a throwaway table of one partition per core once, so every Spark Python worker
+    has started and imported what a rewrite needs, as in a long-lived session."""
+    partitioned_fragments(engine, f"{NAMESPACE}.warmup", cores)
     engine.compact(f"{NAMESPACE}.warmup")
