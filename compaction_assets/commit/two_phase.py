@@ -171,13 +171,7 @@ class _RewriteFiles(_OverwriteFiles):
         metadata = self._transaction.table_metadata
         parent = metadata.snapshot_by_id(self._parent_snapshot_id) if self._parent_snapshot_id is not None else None
         deleted = [
-            ManifestEntry.from_args(
-                status=ManifestEntryStatus.DELETED,
-                snapshot_id=self._snapshot_id,
-                sequence_number=entry.sequence_number,
-                file_sequence_number=entry.file_sequence_number,
-                data_file=entry.data_file,
-            )
+            _restated(entry, ManifestEntryStatus.DELETED, self._snapshot_id)
             for _, entries in self._manifests_to_scan(parent)
             for entry in entries
             if entry.data_file.content == DataFileContent.DATA and entry.data_file in self._deleted_data_files
@@ -195,15 +189,7 @@ class _RewriteFiles(_OverwriteFiles):
             elif remaining:  # rewrite the manifest without the replaced files
                 with self.new_manifest_writer(self.spec(manifest.partition_spec_id)) as writer:
                     for entry in remaining:
-                        writer.add_entry(
-                            ManifestEntry.from_args(
-                                status=ManifestEntryStatus.EXISTING,
-                                snapshot_id=entry.snapshot_id,
-                                sequence_number=entry.sequence_number,
-                                file_sequence_number=entry.file_sequence_number,
-                                data_file=entry.data_file,
-                            )
-                        )
+                        writer.add_entry(_restated(entry, ManifestEntryStatus.EXISTING, entry.snapshot_id))
                 kept.append(writer.to_manifest_file())
         return kept
 
@@ -233,6 +219,17 @@ class _RewriteFiles(_OverwriteFiles):
         predicate = self._predicate if self._predicate != AlwaysFalse() else None
         _validate_data_files_exist(table, window.head, self._deleted_data_files, window.base)
         _validate_no_new_deletes_for_data_files(table, window.head, predicate, self._deleted_data_files, window.base)
+
+
+def _restated(entry: ManifestEntry, status: ManifestEntryStatus, snapshot_id: int | None) -> ManifestEntry:
+    """A new entry for `entry`'s file with another status (cached entries are never mutated)."""
+    return ManifestEntry.from_args(
+        status=status,
+        snapshot_id=snapshot_id,
+        sequence_number=entry.sequence_number,
+        file_sequence_number=entry.file_sequence_number,
+        data_file=entry.data_file,
+    )
 
 
 def _commit_once(table: Table, attempts: Sequence[Attempt], live: dict[str, DataFile]) -> None:

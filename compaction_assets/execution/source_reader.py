@@ -152,11 +152,13 @@ class SourceReader:
         """Scan files of one physical schema, a window of at most READAHEAD_BYTES at a time
         (large files: one at a time, so memory stays at one file's row group)."""
         window: list[tuple[object, ds.ParquetFileFragment]] = []
+        window_bytes = 0
         for item in run:
-            if window and sum(s.size for s, _ in window) + item[0].size > READAHEAD_BYTES:
+            if window and window_bytes + item[0].size > READAHEAD_BYTES:
                 yield from self._scan_window(target, window)
-                window = []
+                window, window_bytes = [], 0
             window.append(item)
+            window_bytes += item[0].size
         if window:
             yield from self._scan_window(target, window)
 
