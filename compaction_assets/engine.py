@@ -27,6 +27,7 @@ from compaction_assets.execution.rewrite import run_rewrite
 from compaction_assets.execution.spark import spark_session
 from compaction_assets.execution.worker import GroupOutcome, GroupSpec, RewriteJob, SourceFile
 from compaction_assets.faults import crash_point
+from compaction_assets.gc_pause import gc_paused
 from compaction_assets.lake.catalog import load_table, open_catalog
 from compaction_assets.lake.datafile_codec import datafile_to_json, encode_partition
 from compaction_assets.lake.files import LiveFile, live_files
@@ -124,7 +125,15 @@ class Engine:
     def compact(
         self, table_name: str, partition: str | None = None, task_id: str | None = None
     ) -> list[PartitionOutcome]:
-        """Compact every partition worth it (or only `partition`); one task attempt per partition."""
+        """Compact every partition worth it (or only `partition`); one task attempt per partition.
+
+        The driver's work allocates an object or more per source file (entries, plans, specs,
+        results): Python's cyclic collector is paused meanwhile (see gc_pause), else its sweeps of
+        a long-lived process's heap cost a 5,000-file compaction 0.2-0.3 s each, at random."""
+        with gc_paused():
+            return self._compact(table_name, partition, task_id)
+
+    def _compact(self, table_name: str, partition: str | None, task_id: str | None) -> list[PartitionOutcome]:
         started = time.monotonic()
         table = load_table(self.catalog, table_name)
         tplan, files = self._plan(table, table_name, partition)
@@ -192,8 +201,9 @@ class Engine:
 
     def _plan(self, table: Table, table_name: str, partition: str | None) -> tuple[TablePlan, dict[str, LiveFile]]:
         policy = self.policy(table, table_name)
-        files = live_files(table)
-        plans = plan_table(files, policy, table.spec().spec_id, self.ledger.in_flight_sources(table_name))
+        with gc_paused():  # a LiveFile per file and the planner's working set: no cyclic garbage
+            files = live_files(table)
+            plans = plan_table(files, policy, table.spec().spec_id, self.ledger.in_flight_sources(table_name))
         if partition is not None:
             known = sorted(p.partition_key for p in plans)
             plans = [p for p in plans if p.partition_key == partition]

@@ -14,15 +14,23 @@ from collections import OrderedDict
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import ManifestEntry, ManifestFile
 
-MAX_CACHED_ENTRIES = 200_000  # about 1 KiB each: bounded at a few hundred MB for huge tables
+from compaction_assets.gc_pause import gc_paused
+from compaction_assets.lake.manifest_io import ManifestContents, read_manifest
+
+MAX_CACHED_ENTRIES = 200_000  # about 1.3 KiB each with their bytes: a few hundred MB at most
 
 _lock = threading.Lock()
-_cache: OrderedDict[str, tuple[ManifestEntry, ...]] = OrderedDict()
+_cache: OrderedDict[str, ManifestContents] = OrderedDict()
 _size = 0
 
 
 def live_entries(manifest: ManifestFile, io: FileIO) -> tuple[ManifestEntry, ...]:
     """The manifest's entries that are not DELETED, read once per process."""
+    return manifest_contents(manifest, io).entries
+
+
+def manifest_contents(manifest: ManifestFile, io: FileIO) -> ManifestContents:
+    """The manifest's live entries with what restating them needs, read once per process."""
     global _size
     key = manifest.manifest_path
     with _lock:
@@ -30,12 +38,13 @@ def live_entries(manifest: ManifestFile, io: FileIO) -> tuple[ManifestEntry, ...
         if cached is not None:
             _cache.move_to_end(key)
             return cached
-    entries = tuple(manifest.fetch_manifest_entry(io, discard_deleted=True))
+    with gc_paused():
+        contents = read_manifest(manifest, io)
     with _lock:
         if key not in _cache:
-            _cache[key] = entries
-            _size += len(entries)
+            _cache[key] = contents
+            _size += len(contents.entries)
             while _size > MAX_CACHED_ENTRIES and len(_cache) > 1:
                 _, evicted = _cache.popitem(last=False)
-                _size -= len(evicted)
-    return entries
+                _size -= len(evicted.entries)
+    return contents
