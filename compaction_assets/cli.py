@@ -239,10 +239,18 @@ def soak(minutes: float, seed: int, slots: int, workdir: str | None, update_read
 @click.option("--tables", default=1000, show_default=True, help="tables in the sensor-tick scaling run (0: skip)")
 @click.option("--port", default=15102, show_default=True, help="port of the bench's own Spark Connect server")
 @click.option("--runs", default=3, show_default=True, help="cold and warm runs in the fixed-cost comparison")
+@click.option("--repeats", default=3, show_default=True, help="runs per contender per dataset (median reported)")
 @click.option("--dir", "workdir", type=click.Path(), default=None, help="scratch folder (default: a temp folder)")
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON at the end")
 def bench(
-    names: tuple[str, ...], large_gib: float, tables: int, port: int, runs: int, workdir: str | None, as_json: bool
+    names: tuple[str, ...],
+    large_gib: float,
+    tables: int,
+    port: int,
+    runs: int,
+    repeats: int,
+    workdir: str | None,
+    as_json: bool,
 ) -> None:
     """Ours vs delta-rs vs pyarrow vs Spark on the same data; memory, fixed cost, planning scale."""
     from pathlib import Path
@@ -251,7 +259,7 @@ def bench(
     from compaction_assets.bench.run import run_bench
 
     sets = [d for d in (SMALL, TINY) if not names or d.name in names]
-    report = run_bench(Path(workdir) if workdir else None, sets, click.echo, large_gib, tables, port, runs)
+    report = run_bench(Path(workdir) if workdir else None, sets, click.echo, large_gib, tables, port, runs, repeats)
     if as_json:
         click.echo(report.to_json())
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import multiprocessing
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
@@ -34,6 +34,7 @@ class Result:
     peak_rss: int  # bytes
     rss_of: str
     rows_identical: bool
+    runs: list[float] = field(default_factory=list)  # every run's seconds, when repeated
 
     @property
     def mb_per_s(self) -> float:

@@ -81,6 +81,14 @@ def iceberg_table(catalog: Catalog, name: str, sources: list[Path], properties: 
     return catalog.load_table(name)
 
 
+def linked(sources: list[Path], folder: Path) -> Path:
+    """`folder` holding hard links of `sources` (a table converted in place owns its folder)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for source in sources:
+        os.link(source, folder / source.name)
+    return folder
+
+
 def delta_table(folder: Path) -> str:
     """`folder`'s Parquet files as a Delta table, in place (delta-rs convert_to_deltalake)."""
     from deltalake import convert_to_deltalake

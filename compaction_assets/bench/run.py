@@ -90,35 +90,61 @@ def bench_config(root: Path) -> Path:
     return path
 
 
-def compare(engine: Engine, spark, root: Path, dataset: Dataset, log: Callable[[str], None]) -> DatasetReport:  # noqa: ANN001
-    """Generate `dataset` once, then time every contender on it; each must keep the rows."""
+def compare(
+    engine: Engine,
+    spark,
+    root: Path,
+    dataset: Dataset,
+    log: Callable[[str], None],
+    repeats: int = 3,  # noqa: ANN001
+) -> DatasetReport:
+    """Generate `dataset` once, then time every contender on it; each must keep the rows.
+
+    Ours, delta-rs and the pyarrow copy run `repeats` times, interleaved, each time on fresh
+    tables over the same files (hard links), and each is reported by its median run: on a shared
+    machine a single run of either side can be off by a third. The Spark DataFrame rewrite, ten
+    times slower than the rest, runs once."""
     folder = root / "data" / dataset.name
     log(f"[{dataset.name}] writing {dataset.files} files x {dataset.rows_per_file} rows ...")
-    sources = datasets.write_files(folder / "delta", dataset)
+    sources = datasets.write_files(folder / "source", dataset)
     bytes_in = sum(p.stat().st_size for p in sources)
     expected = batches_digest(ds.dataset(sources).to_batches())
-    table_name = f"{NAMESPACE}.{dataset.name}"
-    datasets.iceberg_table(engine.catalog, table_name, sources, {})
-    delta_uri = datasets.delta_table(folder / "delta")
-    os.sync()  # no contender pays for writing back the freshly generated files
     report = DatasetReport(dataset.name, dataset.files, dataset.rows, bytes_in)
-    runs = [
-        lambda: contenders.ours(engine, table_name, expected, bytes_in, dataset.files),
-        lambda: contenders.deltars(delta_uri, TARGET, expected, bytes_in, dataset.files),
-        lambda: contenders.pyarrow_copy(sources, folder / "pyarrow", TARGET, expected, bytes_in),
-        lambda: contenders.spark_dataframe(spark, sources, folder / "spark", TARGET, expected, bytes_in),
-    ]
-    for run in runs:
-        result = run()
-        report.results.append(result)
+    timed: dict[str, list[contenders.Result]] = {}
+    for k in range(repeats):
+        table_name = f"{NAMESPACE}.{dataset.name}_{k}"
+        datasets.iceberg_table(engine.catalog, table_name, sources, {})
+        delta_uri = datasets.delta_table(datasets.linked(sources, folder / f"delta-{k}"))
+        os.sync()  # no contender pays for writing back the freshly generated files
+        for result in (  # one after the other, in this order
+            contenders.ours(engine, table_name, expected, bytes_in, dataset.files),
+            contenders.deltars(delta_uri, TARGET, expected, bytes_in, dataset.files),
+            contenders.pyarrow_copy(sources, folder / f"pyarrow-{k}", TARGET, expected, bytes_in),
+        ):
+            _check(dataset, result)
+            timed.setdefault(result.contender, []).append(result)
+        seconds = ", ".join(f"{c} {r[-1].seconds:.2f}s" for c, r in timed.items())
+        log(f"[{dataset.name}] run {k + 1}/{repeats}: {seconds}")
+    for results in timed.values():
+        median = sorted(results, key=lambda r: r.seconds)[len(results) // 2]
+        median.runs = [r.seconds for r in results]
+        report.results.append(median)
+    spark_result = contenders.spark_dataframe(spark, sources, folder / "spark", TARGET, expected, bytes_in)
+    _check(dataset, spark_result)
+    report.results.append(spark_result)
+    for result in report.results:
         log(
             f"[{dataset.name}] {result.contender:<16} {result.seconds:7.2f}s {result.mb_per_s:7.1f} MB/s  "
             f"files {result.files_before} -> {result.files_after}  peak RSS {result.peak_rss / MiB:6.0f} MiB "
             f"({result.rss_of})  rows {'identical' if result.rows_identical else 'DIFFERENT'}"
+            + (f"  median of {len(result.runs)}" if len(result.runs) > 1 else "")
         )
-        if not result.rows_identical:
-            raise RuntimeError(f"bench: {result.contender} changed the rows of {dataset.name}")
     return report
+
+
+def _check(dataset: Dataset, result: contenders.Result) -> None:
+    if not result.rows_identical:
+        raise RuntimeError(f"bench: {result.contender} changed the rows of {dataset.name}")
 
 
 def memory_group(engine: Engine, root: Path, log: Callable[[str], None], gib: float = 2.0) -> dict:
@@ -192,6 +218,7 @@ def run_bench(
     tables: int = 1000,
     port: int = 15_102,
     runs: int = 3,
+    repeats: int = 3,
 ) -> BenchReport:
     root = Path(workdir or tempfile.mkdtemp(prefix="compaction-bench-"))
     root.mkdir(parents=True, exist_ok=True)
@@ -211,7 +238,7 @@ def run_bench(
     log(f"warm-up compaction (starts the Spark Python workers, as a long-lived session has) {report.warmup_s:.1f}s")
     try:
         for dataset in sets:
-            report.datasets.append(compare(engine, spark, root, dataset, log))
+            report.datasets.append(compare(engine, spark, root, dataset, log, repeats))
             shutil.rmtree(root / "data" / dataset.name, ignore_errors=True)
         if large_gib:
             report.extras["memory"] = memory_group(engine, root, log, large_gib)
