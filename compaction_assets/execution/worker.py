@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
@@ -70,7 +70,8 @@ class RewriteJob:
     sort_columns: list[tuple[str, str]] = field(default_factory=list)  # (column, ascending|descending)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self))
+        # vars, not dataclasses.asdict: asdict deep-copies every SourceFile (0.05 s for 5,000)
+        return json.dumps(self, default=vars)
 
     @staticmethod
     def from_json(raw: str) -> RewriteJob:
