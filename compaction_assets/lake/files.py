@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.table import Table
@@ -26,7 +27,7 @@ class LiveFile:
     def size(self) -> int:
         return self.data_file.file_size_in_bytes
 
-    @property
+    @cached_property  # the planner sorts and packs by it: summed once, not per comparison
     def data_bytes(self) -> int:
         """Compressed column data (manifest column sizes), or the file size when unrecorded."""
         column_sizes = self.data_file.column_sizes
