@@ -122,6 +122,7 @@ class Engine:
         """Plan an already loaded table (the sensor loads it to read its snapshot id)."""
         return self._plan(table, table_name, None)[0]
 
+    @gc_paused()
     def compact(
         self, table_name: str, partition: str | None = None, task_id: str | None = None
     ) -> list[PartitionOutcome]:
@@ -130,10 +131,6 @@ class Engine:
         The driver's work allocates an object or more per source file (entries, plans, specs,
         results): Python's cyclic collector is paused meanwhile (see gc_pause), else its sweeps of
         a long-lived process's heap cost a 5,000-file compaction 0.2-0.3 s each, at random."""
-        with gc_paused():
-            return self._compact(table_name, partition, task_id)
-
-    def _compact(self, table_name: str, partition: str | None, task_id: str | None) -> list[PartitionOutcome]:
         started = time.monotonic()
         table = load_table(self.catalog, table_name)
         tplan, files = self._plan(table, table_name, partition)
@@ -199,11 +196,11 @@ class Engine:
         with table.transaction() as txn:
             txn.set_properties({ENABLED_PROPERTY: str(enabled).lower()})
 
+    @gc_paused()  # a LiveFile per file and the planner's working set (the sensor plans here too)
     def _plan(self, table: Table, table_name: str, partition: str | None) -> tuple[TablePlan, dict[str, LiveFile]]:
         policy = self.policy(table, table_name)
-        with gc_paused():  # a LiveFile per file and the planner's working set: no cyclic garbage
-            files = live_files(table)
-            plans = plan_table(files, policy, table.spec().spec_id, self.ledger.in_flight_sources(table_name))
+        files = live_files(table)
+        plans = plan_table(files, policy, table.spec().spec_id, self.ledger.in_flight_sources(table_name))
         if partition is not None:
             known = sorted(p.partition_key for p in plans)
             plans = [p for p in plans if p.partition_key == partition]

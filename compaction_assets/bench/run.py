@@ -96,7 +96,7 @@ def compare(
     root: Path,
     dataset: Dataset,
     log: Callable[[str], None],
-    repeats: int = 3,  # noqa: ANN001
+    repeats: int = 3,
 ) -> DatasetReport:
     """Generate `dataset` once, then time every contender on it; each must keep the rows.
 

@@ -75,6 +75,7 @@ def commit_prepared(table: Table, ledger: Ledger, attempt: Attempt) -> Attempt:
     return result
 
 
+@gc_paused()  # thousands of manifest entries read, restated and written (recovery commits here too)
 def commit_together(
     table: Table, ledger: Ledger, attempts: Sequence[Attempt], results: dict[str, CommitResult]
 ) -> None:
@@ -106,17 +107,15 @@ def commit_together(
         table.refresh()
         for attempt in [a for a in pending if commit_snapshot(table, a) is not None]:
             settle(attempt, lambda a=attempt: confirm_committed(table, ledger, a))
-        with gc_paused():
-            files = live_files(table)
-            live = {f.path: f.data_file for f in files if not f.is_delete}
+        files = live_files(table)
+        live = {f.path: f.data_file for f in files if not f.is_delete}
         for attempt in list(pending):
             if reason := _conflict(attempt, files, live):
                 settle(attempt, lambda a=attempt, r=reason: roll_back(table, ledger, a, r))
         if not pending:
             return
         try:
-            with gc_paused():  # thousands of manifest entries restated and written
-                _commit_once(table, pending, live)
+            _commit_once(table, pending, live)
         except (CommitFailedException, ValidationException) as exc:  # guaranteed not to have landed
             last_error = exc
             time.sleep(min(0.05 * 2**attempt_no, 1.0))
@@ -219,6 +218,7 @@ class _RewriteFiles(_OverwriteFiles):
         """The entries at the given positions restated with `status` (DELETED: this snapshot's id;
         EXISTING: their own), one manifest per source header (restatable) or per spec (the rest)."""
         schema = self._transaction.table_metadata.schema()
+        deleted = status == ManifestEntryStatus.DELETED
         by_header: dict[str, list[tuple[ManifestContents, list[int]]]] = {}
         by_spec: dict[int, list[ManifestEntry]] = {}
         for contents, positions in parts:
@@ -237,7 +237,6 @@ class _RewriteFiles(_OverwriteFiles):
         for spec_id, entries in by_spec.items():
             with self.new_manifest_writer(self.spec(spec_id)) as writer:
                 for entry in entries:
-                    deleted = status == ManifestEntryStatus.DELETED
                     writer.add_entry(_restated(entry, status, self._snapshot_id if deleted else entry.snapshot_id))
             manifests.append(writer.to_manifest_file())
         return manifests

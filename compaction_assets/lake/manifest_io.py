@@ -112,14 +112,14 @@ def write_restated(
     written out.
     Returns its manifest-list entry, counted as pyiceberg's ManifestWriter counts.
     """
-    headers = {json.dumps(contents.header, sort_keys=True) for contents, _ in parts}
-    if len(headers) != 1 or parts[0][0].header is None:
+    first = parts[0][0].header
+    if first is None or any(contents.header != first for contents, _ in parts):
         raise ValueError("restated entries must come from restatable manifests with one header")
     deleted = status == ManifestEntryStatus.DELETED
     sync = os.urandom(SYNC_SIZE)
     out = io.BytesIO()
     encoder = BinaryEncoder(out)
-    header = AvroFileHeader(MAGIC, dict(parts[0][0].header), sync)
+    header = AvroFileHeader(MAGIC, dict(first), sync)
     construct_writer(META_SCHEMA).write(encoder, header)
     codec = header.compression_codec()
     block = io.BytesIO()
