@@ -56,6 +56,9 @@ class SparkConfig(_Strict):
     remote: str = "sc://localhost:15002"
     conf: dict[str, str] = Field(default_factory=dict)
     server_dir: str = ".spark-connect"  # pid and log files of `compaction-assets spark-server`
+    # groups Polars rewrites (small files; it uses all of a worker's cores) share Spark tasks of
+    # up to this many input bytes, run one after the other; see execution/packing
+    task_bytes: PositiveInt = 1024**3
 
 
 class SchedulingConfig(_Strict):

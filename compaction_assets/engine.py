@@ -23,6 +23,8 @@ from compaction_assets.commit.recovery import RecoveryReport, recover
 from compaction_assets.commit.two_phase import CommitResult, abandon, commit_together
 from compaction_assets.config import CompactionConfig
 from compaction_assets.errors import BackOff, CompactionError
+from compaction_assets.execution import polars_rewrite
+from compaction_assets.execution.packing import pack_tasks
 from compaction_assets.execution.rewrite import run_rewrite
 from compaction_assets.execution.spark import spark_session
 from compaction_assets.execution.worker import GroupOutcome, GroupSpec, RewriteJob, SourceFile
@@ -253,11 +255,14 @@ class Engine:
                 )
             work.append(item)
         sort = any(p.kind == Kind.MAJOR for p in todo)
+        sizes = [sum(s.size for s in g.sources) for g in groups]
+        packable = [polars_rewrite.qualifies(table.metadata, table.io, g.sources, sort) for g in groups]
         job = RewriteJob(
             metadata_json=_slim_metadata_json(table),
             io_properties=dict(table.io.properties),
             target_file_size_bytes=tplan.policy.target_file_size_bytes,
             groups=groups,
+            tasks=pack_tasks(sizes, packable, self.config.spark.task_bytes),
             sort_columns=_sort_columns(table) if sort else [],
         )
         return work, job

@@ -13,6 +13,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 
 import pyarrow as pa
@@ -115,12 +116,15 @@ def compare(
         table_name = f"{NAMESPACE}.{dataset.name}_{k}"
         datasets.iceberg_table(engine.catalog, table_name, sources, {})
         delta_uri = datasets.delta_table(datasets.linked(sources, folder / f"delta-{k}"))
-        os.sync()  # no contender pays for writing back the freshly generated files
-        for result in (  # one after the other, in this order
-            contenders.ours(engine, table_name, expected, bytes_in, dataset.files),
-            contenders.deltars(delta_uri, TARGET, expected, bytes_in, dataset.files),
-            contenders.pyarrow_copy(sources, folder / f"pyarrow-{k}", TARGET, expected, bytes_in),
+        for contender in (  # one after the other, in this order
+            partial(contenders.ours, engine, table_name, expected, bytes_in, dataset.files),
+            partial(contenders.deltars, delta_uri, TARGET, expected, bytes_in, dataset.files),
+            partial(contenders.pyarrow_copy, sources, folder / f"pyarrow-{k}", TARGET, expected, bytes_in),
         ):
+            # no contender pays for writing back files the set-up or the one before it wrote
+            # (the kernel's writeback of a few hundred MB costs seconds of CPU on 2 cores)
+            os.sync()
+            result = contender()
             _check(dataset, result)
             timed.setdefault(result.contender, []).append(result)
         seconds = ", ".join(f"{c} {r[-1].seconds:.2f}s" for c, r in timed.items())

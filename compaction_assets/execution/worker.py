@@ -67,6 +67,7 @@ class RewriteJob:
     io_properties: dict[str, str]
     target_file_size_bytes: int
     groups: list[GroupSpec]
+    tasks: list[list[int]]  # group indices per Spark task (execution/packing)
     sort_columns: list[tuple[str, str]] = field(default_factory=list)  # (column, ascending|descending)
 
     def to_json(self) -> str:
@@ -93,10 +94,11 @@ class GroupOutcome:
 
 
 def rewrite_partition_batches(job_json: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """mapInArrow entry point: each input row is a group index; one output row per group."""
+    """mapInArrow entry point: each input row is a task index; its groups are rewritten one after
+    the other, one output row per group."""
     job = RewriteJob.from_json(job_json)
     for batch in batches:
-        for index in batch.column(0).to_pylist():
+        for index in (g for task in batch.column(0).to_pylist() for g in job.tasks[task]):
             outcome = rewrite_group(job, index)
             yield pa.RecordBatch.from_pylist(
                 [

@@ -1,0 +1,57 @@
+"""Which groups share a Spark task: Polars groups packed by bytes (LPT), every other group alone;
+and a compaction whose groups share one task keeps every partition's rows."""
+
+from compaction_assets.engine import Engine
+from compaction_assets.execution.packing import pack_tasks
+from compaction_assets.lake.digest import rows_digest
+from tests.conftest import create_fragmented
+from tests.test_rewrite_paths import _job
+
+
+def test_packable_groups_share_tasks_of_at_most_task_bytes_largest_first():
+    sizes = [100, 100, 100, 50]
+    assert pack_tasks(sizes, [True] * 4, 1_000) == [[0, 1, 2, 3]]
+    # 350 bytes in tasks of 200: two tasks, LPT-balanced (200 + 150, not 300 + 50)
+    tasks = pack_tasks(sizes, [True] * 4, 200)
+    assert sorted(sum(sizes[i] for i in t) for t in tasks) == [150, 200]
+    assert sorted(i for t in tasks for i in t) == [0, 1, 2, 3]
+    # never more tasks than groups, whatever the bytes
+    assert pack_tasks(sizes, [True] * 4, 1) == [[0], [1], [2], [3]]
+    assert pack_tasks([0, 0], [True, True], 10) == [[0, 1]]
+
+
+def test_other_groups_keep_a_task_each_and_the_biggest_task_comes_first():
+    sizes = [10, 500, 20, 40]
+    assert pack_tasks(sizes, [True, False, True, False], 1_000) == [[1], [3], [0, 2]]
+    assert pack_tasks(sizes, [False] * 4, 1_000) == [[1], [3], [2], [0]]
+    assert pack_tasks([], [], 1_000) == []
+
+
+def test_the_engine_packs_the_polars_groups_of_a_run(lake):
+    create_fragmented(lake, "ns.layout", {"eu": 10, "us": 10, "asia": 10})
+    assert _job(lake.engine, "ns.layout").tasks == [[0, 1, 2]]
+
+    create_fragmented(lake, "ns.layout_apart", {"eu": 10, "us": 10})
+    config = lake.engine.config
+    apart = Engine(
+        config.model_copy(update={"spark": config.spark.model_copy(update={"task_bytes": 1})}),
+        catalog=lake.catalog,
+        ledger=lake.engine.ledger,
+    )
+    assert sorted(_job(apart, "ns.layout_apart").tasks) == [[0], [1]]
+
+
+def test_groups_sharing_a_task_each_commit_their_own_partition(lake):
+    table = create_fragmented(lake, "ns.packed", {"eu": 40, "us": 30, "asia": 20})
+    before = rows_digest(table)
+
+    outcomes = lake.engine.compact("ns.packed")
+
+    assert sorted((o.partition_key, o.status, o.engine) for o in outcomes) == [
+        ("region=asia", "committed", "polars"),
+        ("region=eu", "committed", "polars"),
+        ("region=us", "committed", "polars"),
+    ]
+    table = lake.table("ns.packed")
+    assert rows_digest(table) == before
+    assert sorted(f["partition"]["region"] for f in table.inspect.files().to_pylist()) == ["asia", "eu", "us"]
