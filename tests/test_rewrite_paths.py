@@ -113,3 +113,19 @@ def test_a_corrupt_page_under_an_intact_footer_is_named(lake):
     [outcome] = lake.engine.compact("ns.t")
 
     assert outcome.status == "failed" and victim in outcome.reason
+
+
+def test_local_paths_are_sliced_only_where_parse_location_agrees():
+    from pyiceberg.io.pyarrow import PyArrowFileIO
+
+    from compaction_assets.execution.polars_rewrite import local_path
+
+    io = PyArrowFileIO()
+    for location in [
+        "file:///w/t/data/a.parquet",
+        "file:///w/a b%20c.parquet",
+        "file:///w/a?b#c.parquet",
+        "/w/a.parquet",
+    ]:
+        assert local_path(io, location) == PyArrowFileIO.parse_location(location)[2], location
+    assert local_path(io, "s3://bucket/t/a.parquet") is None

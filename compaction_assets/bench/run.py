@@ -97,7 +97,7 @@ def compare(
     root: Path,
     dataset: Dataset,
     log: Callable[[str], None],
-    repeats: int = 3,
+    repeats: int = 5,
 ) -> DatasetReport:
     """Generate `dataset` once, then time every contender on it; each must keep the rows.
 
@@ -222,7 +222,7 @@ def run_bench(
     tables: int = 1000,
     port: int = 15_102,
     runs: int = 3,
-    repeats: int = 3,
+    repeats: int = 5,
 ) -> BenchReport:
     root = Path(workdir or tempfile.mkdtemp(prefix="compaction-bench-"))
     root.mkdir(parents=True, exist_ok=True)

@@ -99,7 +99,7 @@ def qualifies(metadata: TableMetadata, io: FileIO, sources: list, sorted_output:
         and bool(sources)
         and sum(s.size for s in sources) <= MAX_AVERAGE_SOURCE_BYTES * len(sources)
         and isinstance(io, PyArrowFileIO)
-        and all(PyArrowFileIO.parse_location(s.path, io.properties)[0] == "file" for s in sources)
+        and all(local_path(io, s.path) is not None for s in sources)
         and not any(key in props for key in _UNSUPPORTED_PROPERTIES)
         and not any(key.startswith(TableProperties.PARQUET_BLOOM_FILTER_COLUMN_ENABLED_PREFIX) for key in props)
         and props.get(TableProperties.PARQUET_COMPRESSION, TableProperties.PARQUET_COMPRESSION_DEFAULT) in _CODECS
@@ -195,5 +195,12 @@ def _split(sources: list, parts: int) -> list[list]:
     return runs
 
 
-def local_path(io: FileIO, location: str) -> str:
-    return PyArrowFileIO.parse_location(location, io.properties)[2]
+def local_path(io: FileIO, location: str) -> str | None:
+    """The filesystem path of a local file's `location`; None if it is not local.
+
+    A plain `file:///` URI is sliced: it is what pyiceberg's parse_location returns for it, and
+    urlparse on every path of a 5,000-file group cost 0.06 s in the driver and again in the worker."""
+    if location.startswith("file:///") and "?" not in location and "#" not in location:
+        return location[len("file://") :]
+    scheme, _, path = PyArrowFileIO.parse_location(location, io.properties)
+    return path if scheme == "file" else None
