@@ -226,6 +226,7 @@ class Engine:
         data_path = load_location_provider(table.location(), table.properties).data_path
         work: list[_Work] = []
         groups: list[GroupSpec] = []
+        sort_columns = _sort_columns(table) if any(p.kind == Kind.MAJOR for p in todo) else []
         for plan in todo:
             out_dir = f"{data_path}/{plan.partition_key}" if plan.partition_key else data_path
             attempt = self.ledger.begin(
@@ -242,28 +243,28 @@ class Engine:
             item = _Work(plan, attempt)
             for group in plan.groups:
                 first = files[group.paths[0]].data_file
+                sources = [SourceFile(p, files[p].size, files[p].record_count) for p in group.paths]
                 item.groups.append(len(groups))
                 groups.append(
                     GroupSpec(
-                        sources=[SourceFile(p, files[p].size, files[p].record_count) for p in group.paths],
+                        sources=sources,
                         partition=encode_partition(first.partition),
                         spec_id=first.spec_id,
                         output_dir=out_dir,
                         file_prefix=attempt.attempt_id,
                         max_files=group.expected_outputs,
+                        polars=polars_rewrite.qualifies(table.metadata, table.io, sources, bool(sort_columns)),
                     )
                 )
             work.append(item)
-        sort = any(p.kind == Kind.MAJOR for p in todo)
         sizes = [sum(s.size for s in g.sources) for g in groups]
-        packable = [polars_rewrite.qualifies(table.metadata, table.io, g.sources, sort) for g in groups]
         job = RewriteJob(
             metadata_json=_slim_metadata_json(table),
             io_properties=dict(table.io.properties),
             target_file_size_bytes=tplan.policy.target_file_size_bytes,
             groups=groups,
-            tasks=pack_tasks(sizes, packable, self.config.spark.task_bytes),
-            sort_columns=_sort_columns(table) if sort else [],
+            tasks=pack_tasks(sizes, [g.polars for g in groups], self.config.spark.task_bytes),
+            sort_columns=sort_columns,
         )
         return work, job
 

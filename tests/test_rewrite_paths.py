@@ -6,11 +6,13 @@ from urllib.parse import urlparse
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType
 
 from compaction_assets.demo import append_fragments
 from compaction_assets.engine import Engine
+from compaction_assets.execution.polars_rewrite import local_path
 from compaction_assets.execution.source_reader import SourceReader
 from compaction_assets.execution.worker import RewriteJob, RollingWriter, rewrite_group
 from compaction_assets.lake.catalog import load_table
@@ -116,10 +118,6 @@ def test_a_corrupt_page_under_an_intact_footer_is_named(lake):
 
 
 def test_local_paths_are_sliced_only_where_parse_location_agrees():
-    from pyiceberg.io.pyarrow import PyArrowFileIO
-
-    from compaction_assets.execution.polars_rewrite import local_path
-
     io = PyArrowFileIO()
     for location in [
         "file:///w/t/data/a.parquet",

@@ -97,7 +97,7 @@ def compare(
     root: Path,
     dataset: Dataset,
     log: Callable[[str], None],
-    repeats: int = 5,
+    repeats: int,
 ) -> DatasetReport:
     """Generate `dataset` once, then time every contender on it; each must keep the rows.
 
@@ -217,13 +217,14 @@ def partitioned_fragments(engine: Engine, name: str, partitions: int, files_per_
 def run_bench(
     workdir: Path | None,
     sets: list[Dataset],
-    log: Callable[[str], None] = print,
-    large_gib: float = 2.0,
-    tables: int = 1000,
-    port: int = 15_102,
-    runs: int = 3,
-    repeats: int = 5,
+    log: Callable[[str], None],
+    large_gib: float,
+    tables: int,
+    port: int,
+    runs: int,
+    repeats: int,
 ) -> BenchReport:
+    """Everything `compaction-assets bench` prints (its options document the defaults)."""
     root = Path(workdir or tempfile.mkdtemp(prefix="compaction-bench-"))
     root.mkdir(parents=True, exist_ok=True)
     config_path = bench_config(root)

@@ -49,7 +49,7 @@ class SourceFile:
 
 @dataclass(frozen=True)
 class GroupSpec:
-    """One Spark task's work: sources of one partition, where and how to name the results."""
+    """One file group: sources of one partition, where and how to name the results, which path."""
 
     sources: list[SourceFile]
     partition: list  # encoded partition values (datafile_codec)
@@ -57,6 +57,7 @@ class GroupSpec:
     output_dir: str
     file_prefix: str  # the attempt id: every file this group writes starts with it
     max_files: int  # roll to a new file at the target size only while fewer than this exist
+    polars: bool  # the driver found the group fit for Polars (polars_rewrite.qualifies)
 
 
 @dataclass(frozen=True)
@@ -151,7 +152,7 @@ def rewrite_group(job: RewriteJob, index: int) -> GroupOutcome:
     writer = RollingWriter(io, metadata, partition, spec, job.target_file_size_bytes, index)
     reader = SourceReader(metadata, io, spec.sources, partition, spec.spec_id, writer.convert)
     bytes_in = sum(s.size for s in spec.sources)
-    if (written := _rewrite_with_polars(job, spec, metadata, io, partition, reader, writer)) is not None:
+    if (written := _rewrite_with_polars(spec, metadata, io, partition, reader, writer)) is not None:
         return GroupOutcome(index, written, None, sum(s.records for s in spec.sources), bytes_in, peak_rss(), "polars")
     rows = 0
     try:
@@ -172,7 +173,6 @@ def rewrite_group(job: RewriteJob, index: int) -> GroupOutcome:
 
 
 def _rewrite_with_polars(
-    job: RewriteJob,
     spec: GroupSpec,
     metadata: TableMetadata,
     io: FileIO,
@@ -180,8 +180,9 @@ def _rewrite_with_polars(
     reader: SourceReader,
     writer: RollingWriter,
 ) -> list[DataFile] | None:
-    """The group through Polars if it qualifies (see polars_rewrite); None: use the per-file path."""
-    if not polars_rewrite.qualifies(metadata, io, spec.sources, bool(job.sort_columns)):
+    """The group through Polars if the driver found it fit (see polars_rewrite); None: use the
+    per-file path."""
+    if not spec.polars:
         return None
     try:
         physical = pq.read_schema(polars_rewrite.local_path(io, spec.sources[0].path))
