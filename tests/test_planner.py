@@ -3,6 +3,8 @@
 import random
 from dataclasses import dataclass
 
+import pytest
+
 from compaction_assets.planning.planner import Kind, plan_partition, plan_table
 from compaction_assets.planning.policy import Policy
 
@@ -23,6 +25,10 @@ class F:
     @property
     def data_bytes(self) -> int:
         return self.size
+
+    @property
+    def partition_id(self) -> tuple:
+        return self.spec_id, self.partition_key
 
 
 def fragments(n: int, size: int = 10 * KB, key: str = "p=1") -> list[F]:
@@ -89,3 +95,39 @@ def test_plan_is_deterministic_and_ranked_by_benefit():
     assert first == second
     assert [p.partition_key for p in first if p.worth_compacting] == ["p=a", "p=b"]
     assert first[0].benefit > first[1].benefit
+
+
+@dataclass(frozen=True)
+class Typed(F):
+    """A file whose partition id is its typed tuple, rendered into a key by the caller."""
+
+    values: tuple = ()
+
+    @property
+    def partition_id(self) -> tuple:
+        return self.spec_id, self.values
+
+
+def test_files_are_grouped_by_typed_partition_and_spec_not_by_key():
+    null = [Typed(f"n{i}", 10 * KB, partition_key="r=N", values=(None,)) for i in range(6)]
+    text = [Typed(f"t{i}", 10 * KB, partition_key="r=null", values=("null",)) for i in range(6)]
+    old = [Typed(f"o{i}", 10 * KB, spec_id=1, partition_key="spec-1:r=null", values=("null",)) for i in range(6)]
+    plans = {p.partition_key: p for p in plan_table([*null, *text, *old], POLICY, current_spec_id=0)}
+    assert {k: set(p.stats.spec_ids) for k, p in plans.items()} == {"r=N": {0}, "r=null": {0}, "spec-1:r=null": {1}}
+    assert sorted(plans["r=null"].source_paths) == [f"t{i}" for i in range(6)]
+    assert not plans["spec-1:r=null"].worth_compacting and "older spec" in plans["spec-1:r=null"].reason
+
+
+def test_two_partitions_sharing_a_key_is_an_error_not_a_merge():
+    files = [
+        Typed("a", 10 * KB, partition_key="r=null", values=(None,)),
+        Typed("b", 10 * KB, partition_key="r=null", values=("null",)),
+    ]
+    with pytest.raises(ValueError, match="partition key 'r=null' names 2 different partitions"):
+        plan_table(files, POLICY, current_spec_id=0)
+
+
+def test_a_refused_table_plans_nothing_with_the_reason_and_keeps_its_stats():
+    [plan] = plan_table(fragments(50), POLICY, current_spec_id=0, refused="format-version 3 tables are not compacted")
+    assert not plan.worth_compacting and plan.reason == "format-version 3 tables are not compacted"
+    assert plan.stats.data_files == 50 and plan.stats.fragments == 50

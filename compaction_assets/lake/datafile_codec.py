@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import math
 import uuid
 from decimal import Decimal
 from typing import Any
@@ -77,9 +78,12 @@ def _unb64(value: str | None) -> bytes | None:
 
 
 def _encode_value(value: Any) -> Any:
-    """Partition values: JSON natives as they are, everything else tagged."""
-    if value is None or isinstance(value, bool | int | float | str):
+    """Partition values: JSON natives as they are, everything else tagged. NaN and infinities are
+    tagged too: they are not JSON (PostgreSQL's json type refuses them). -0.0 stays -0.0."""
+    if value is None or isinstance(value, bool | int | str):
         return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else {"float": repr(value)}
     if isinstance(value, bytes):
         return {"bytes": _b64(value)}
     if isinstance(value, Decimal):
@@ -96,6 +100,7 @@ def _encode_value(value: Any) -> Any:
 
 
 _DECODERS = {
+    "float": float,
     "bytes": _unb64,
     "decimal": Decimal,
     "uuid": uuid.UUID,

@@ -9,14 +9,16 @@ from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.table import Table
 
 from compaction_assets.lake.manifest_cache import live_entries
+from compaction_assets.lake.partition_key import PartitionId, partition_id, render_partition
 
 
 @dataclass(frozen=True)
 class LiveFile:
-    """One data or delete file referenced by the current snapshot, with its partition key."""
+    """One data or delete file referenced by the current snapshot, with its partition id and key."""
 
     data_file: DataFile
-    partition_key: str
+    partition_id: PartitionId  # what files are grouped by: (spec id, typed values)
+    partition_key: str  # its injective rendering (lake.partition_key)
     added_at_ms: int
 
     @property
@@ -47,11 +49,9 @@ class LiveFile:
 
 
 def partition_key(table: Table, data_file: DataFile) -> str:
-    """The Iceberg partition path of a file under its own spec ("" for unpartitioned)."""
+    """The injective partition key of a file under its own spec ("" for the current spec unpartitioned)."""
     spec = table.specs()[data_file.spec_id]
-    if spec.is_unpartitioned():
-        return ""
-    return spec.partition_to_path(data_file.partition, table.schema())
+    return render_partition(spec, table.schema(), data_file.partition, table.spec().spec_id)
 
 
 def live_files(table: Table) -> list[LiveFile]:
@@ -60,16 +60,16 @@ def live_files(table: Table) -> list[LiveFile]:
     if snapshot is None:
         return []
     added_at = {s.snapshot_id: s.timestamp_ms for s in table.metadata.snapshots}
-    keys: dict[tuple, str] = {}  # partition paths, computed once per partition
+    keys: dict[PartitionId, str] = {}  # partition keys, rendered once per partition
     files = []
     for manifest in snapshot.manifests(table.io):
         for entry in live_entries(manifest, table.io):
             data_file = entry.data_file
-            slot = (data_file.spec_id, data_file.partition)
-            key = keys.get(slot)
+            pid = partition_id(data_file.spec_id, data_file.partition)
+            key = keys.get(pid)
             if key is None:
-                key = keys[slot] = partition_key(table, data_file)
-            files.append(LiveFile(data_file, key, added_at.get(entry.snapshot_id, snapshot.timestamp_ms)))
+                key = keys[pid] = partition_key(table, data_file)
+            files.append(LiveFile(data_file, pid, key, added_at.get(entry.snapshot_id, snapshot.timestamp_ms)))
     return files
 
 

@@ -5,12 +5,15 @@ target file. Packing counts each file's column data bytes (its manifest column s
 size on disk: a tiny file is mostly footer, which merging removes. Major compaction rewrites
 every undersized file (< min_target_size_ratio x target) in groups of at most max_group_bytes,
 writing target-size files. Partitions with delete files
-or with only files of an older partition spec are left alone, with the reason.
+or with only files of an older partition spec are left alone, with the reason; so is every
+partition of a table the caller refuses (e.g. a format it cannot commit), with its reason.
+Files are grouped by partition id (spec id, typed values), never by their rendered key.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections import Counter
+from collections.abc import Collection, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
@@ -37,7 +40,8 @@ class FileStat(Protocol):
     @property
     def is_delete(self) -> bool: ...
 
-    partition_key: str
+    partition_id: Hashable  # files with equal ids are one partition
+    partition_key: str  # its injective rendering
     added_at_ms: int
 
 
@@ -126,9 +130,13 @@ def plan_partition(
     policy: Policy,
     current_spec_id: int,
     in_flight: Collection[str] = (),
+    refused: str = "",
 ) -> PartitionPlan:
-    """Decide minor, major or nothing for one partition, and group its files."""
+    """Decide minor, major or nothing for one partition, and group its files. A non-empty
+    `refused` is why the table is not compacted at all: the plan is nothing, with that reason."""
     stats = partition_stats(partition_key, files, policy)
+    if refused:
+        return PartitionPlan(stats, None, reason=refused)
     if not policy.enabled:
         return PartitionPlan(stats, None, reason="compaction is paused for this table (compaction.enabled=false)")
     if stats.delete_files:
@@ -157,13 +165,28 @@ def plan_partition(
 
 
 def plan_table(
-    files: Iterable[FileStat], policy: Policy, current_spec_id: int, in_flight: Collection[str] = ()
+    files: Iterable[FileStat],
+    policy: Policy,
+    current_spec_id: int,
+    in_flight: Collection[str] = (),
+    refused: str = "",
 ) -> list[PartitionPlan]:
-    """Plan every partition; best benefit first, then partition key (deterministic)."""
-    by_partition: dict[str, list[FileStat]] = {}
+    """Plan every partition (files grouped by partition id); best benefit first, then partition key.
+
+    Raises:
+        ValueError: two partitions share a key (keys must be injective: the CLI, the ledger and
+            Dagster address partitions by key).
+    """
+    by_partition: dict[Hashable, list[FileStat]] = {}
     for f in files:
-        by_partition.setdefault(f.partition_key, []).append(f)
-    plans = [plan_partition(k, v, policy, current_spec_id, in_flight) for k, v in by_partition.items()]
+        by_partition.setdefault(f.partition_id, []).append(f)
+    keys = Counter(v[0].partition_key for v in by_partition.values())
+    if clashes := sorted(k for k, n in keys.items() if n > 1):
+        raise ValueError(f"partition key {clashes[0]!r} names {keys[clashes[0]]} different partitions")
+    plans = [
+        plan_partition(v[0].partition_key, v, policy, current_spec_id, in_flight, refused)
+        for v in by_partition.values()
+    ]
     return sorted(plans, key=lambda p: (-p.benefit, p.partition_key))
 
 
