@@ -55,6 +55,7 @@ def plan(ctx: click.Context, table: str, as_json: bool) -> None:
             "table": table,
             "snapshot_id": tplan.snapshot_id,
             "policy": asdict(tplan.policy),
+            "refused": tplan.refused,
             "partitions": [
                 {
                     "partition": p.partition_key,
@@ -75,6 +76,8 @@ def plan(ctx: click.Context, table: str, as_json: bool) -> None:
         f"fragment <= {policy.fragment_max_bytes} B, undersized < {policy.undersized_below_bytes} B, "
         f"min_input_files {policy.min_input_files}"
     )
+    if tplan.refused:
+        click.echo(f"not compacted: {tplan.refused}")
     click.echo(f"{'partition':32} {'files':>6} {'bytes':>12} {'frag':>5} {'under':>5}  plan")
     for p in tplan.partitions:
         s = p.stats

@@ -32,6 +32,7 @@ from compaction_assets.faults import crash_point
 from compaction_assets.gc_pause import gc_paused
 from compaction_assets.lake.catalog import load_table, open_catalog
 from compaction_assets.lake.datafile_codec import datafile_to_json, encode_partition
+from compaction_assets.lake.features import refusal
 from compaction_assets.lake.files import LiveFile, live_files
 from compaction_assets.maintenance.gc import GcPolicy, GcReport, collect_garbage
 from compaction_assets.planning.planner import Kind, PartitionPlan, plan_table
@@ -48,6 +49,7 @@ class TablePlan:
     snapshot_id: int | None
     policy: Policy
     partitions: list[PartitionPlan]
+    refused: str = ""  # why the whole table is not compacted (e.g. format-version 3), or ""
 
     @property
     def to_compact(self) -> list[PartitionPlan]:
@@ -202,7 +204,9 @@ class Engine:
     def _plan(self, table: Table, table_name: str, partition: str | None) -> tuple[TablePlan, dict[str, LiveFile]]:
         policy = self.policy(table, table_name)
         files = live_files(table)
-        plans = plan_table(files, policy, table.spec().spec_id, self.ledger.in_flight_sources(table_name))
+        refused = refusal(table)
+        in_flight = self.ledger.in_flight_sources(table_name)
+        plans = plan_table(files, policy, table.spec().spec_id, in_flight, refused)
         if partition is not None:
             known = sorted(p.partition_key for p in plans)
             plans = [p for p in plans if p.partition_key == partition]
@@ -211,7 +215,7 @@ class Engine:
                     f"table '{table_name}' has no partition '{partition}' (known: {', '.join(known)})"
                 )
         snapshot = table.current_snapshot()
-        tplan = TablePlan(table_name, snapshot.snapshot_id if snapshot else None, policy, plans)
+        tplan = TablePlan(table_name, snapshot.snapshot_id if snapshot else None, policy, plans, refused)
         return tplan, {f.path: f for f in files}
 
     def _begin(
@@ -223,8 +227,28 @@ class Engine:
         todo: list[PartitionPlan],
         task_id: str | None,
     ) -> tuple[list[_Work], RewriteJob]:
-        data_path = load_location_provider(table.location(), table.properties).data_path
+        """Begin one attempt per partition and build the job. If anything raises meanwhile, the
+        attempts already begun are abandoned (FAILED, with the error) before it propagates."""
         work: list[_Work] = []
+        try:
+            return work, self._build_job(table, table_name, tplan, files, todo, task_id, work)
+        except Exception as exc:
+            for item in work:
+                abandon(table, self.ledger, item.attempt, f"could not start the rewrite: {_first_line(exc)}")
+            raise
+
+    def _build_job(
+        self,
+        table: Table,
+        table_name: str,
+        tplan: TablePlan,
+        files: dict[str, LiveFile],
+        todo: list[PartitionPlan],
+        task_id: str | None,
+        work: list[_Work],
+    ) -> RewriteJob:
+        """Fill `work` with an attempt per partition as each is begun, and return the job."""
+        data_path = load_location_provider(table.location(), table.properties).data_path
         groups: list[GroupSpec] = []
         sort_columns = _sort_columns(table) if any(p.kind == Kind.MAJOR for p in todo) else []
         for plan in todo:
@@ -241,6 +265,7 @@ class Engine:
                 bytes_in=plan.input_bytes,
             )
             item = _Work(plan, attempt)
+            work.append(item)
             for group in plan.groups:
                 first = files[group.paths[0]].data_file
                 sources = [SourceFile(p, files[p].size, files[p].record_count) for p in group.paths]
@@ -256,9 +281,8 @@ class Engine:
                         polars=polars_rewrite.qualifies(table.metadata, table.io, sources, bool(sort_columns)),
                     )
                 )
-            work.append(item)
         sizes = [sum(s.size for s in g.sources) for g in groups]
-        job = RewriteJob(
+        return RewriteJob(
             metadata_json=_slim_metadata_json(table),
             io_properties=dict(table.io.properties),
             target_file_size_bytes=tplan.policy.target_file_size_bytes,
@@ -266,7 +290,6 @@ class Engine:
             tasks=pack_tasks(sizes, [g.polars for g in groups], self.config.spark.task_bytes),
             sort_columns=sort_columns,
         )
-        return work, job
 
     def _prepare(self, table: Table, item: _Work, results: list[GroupOutcome]) -> PartitionOutcome:
         """Precommit one partition: its result files are durable; PREPARED with their exact list.

@@ -173,6 +173,8 @@ def evaluate_fragmentation(
             )
             for p in tplan.partitions
         )
+        if tplan.refused:
+            context.log.info(f"{name}: not compacted: {tplan.refused}")
         worth = {p.partition_key: p for p in tplan.to_compact}
         for key in waiting:
             if key.split("|", 1)[1] not in worth:
