@@ -95,7 +95,12 @@ def plan(ctx: click.Context, table: str, as_json: bool) -> None:
 
 @main.command()
 @click.argument("table")
-@click.option("--partition", default=None, help="only this partition (Iceberg partition path, e.g. region=eu)")
+@click.option(
+    "--partition",
+    default=None,
+    help="only this partition, by the key `plan` shows (its Iceberg partition path, e.g. region=eu; "
+    "NULL is __HIVE_DEFAULT_PARTITION__)",
+)
 @click.option("--task-id", default=None, help="task id to record (default: a new one per partition)")
 @click.pass_context
 def compact(ctx: click.Context, table: str, partition: str | None, task_id: str | None) -> None:
