@@ -61,6 +61,8 @@ def test_null_null_string_and_special_values_keep_their_own_partition(lake):
     assert sorted((r["id"], r["region"]) for r in table.scan().to_arrow().to_pylist()) == before
     files = _file_partitions(table)
     assert sorted(files, key=repr) == sorted(((v, {v}) for v in REGIONS), key=repr)  # one file each, exact
+    manifests = table.inspect.files().column("partition").to_pylist()  # pyiceberg's own manifest reader
+    assert sorted(manifests, key=repr) == sorted(({"region": v} for v in REGIONS), key=repr)
     assert len(table.scan(row_filter=IsNull("region")).to_arrow()) == 20 * FILES
     for value in REGIONS[1:]:
         assert len(table.scan(row_filter=EqualTo("region", value)).to_arrow()) == 20 * FILES, value
