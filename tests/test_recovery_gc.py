@@ -114,6 +114,19 @@ def test_one_attempt_that_raises_does_not_stop_the_others_and_is_parked_at_last(
     assert run.returncode == 0 and "0 parked" in run.stdout, run.stderr
 
 
+def test_recovery_never_recommits_result_files_that_are_gone(lake):
+    create_fragmented(lake, "ns.t", {"eu": 4})
+    attempt = prepare_by_hand(lake, "ns.t", "task")
+    local(attempt.result_files[0]["file_path"]).unlink()  # e.g. removed by another engine's orphan cleanup
+    before = rows_digest(lake.table("ns.t"))
+
+    report = recover(lake.catalog, lake.engine.ledger, executing_timeout_seconds=0)
+
+    assert report.rolled_back == [attempt.attempt_id]
+    assert "gone" in lake.engine.ledger.get(attempt.attempt_id).reason
+    assert rows_digest(lake.table("ns.t")) == before and len(data_files(lake.table("ns.t"))) == 4
+
+
 @pytest.mark.parametrize("spelling", ["plain", "file1", "file3"])
 def test_gc_keeps_live_files_whatever_the_spelling_of_their_path(lake, spelling):
     """r9: files registered as /abs, file:/abs or file:///abs are one file to GC."""
@@ -157,14 +170,12 @@ def test_listing_finds_files_under_percent_encoded_partition_directories(lake):
     live = [f["file_path"] for f in data_files(table)]
     assert len(live) == len(SPECIAL)
 
-    listed = table_files(table.location(), ORPHAN_SUFFIXES)
-
-    assert set(live) <= set(listed)
-    assert set(live) <= set(table_files(table.location(), ORPHAN_SUFFIXES, table.io))
     for path in live:
         directory, name = path.rsplit("/", 1)
-        assert files_with_prefix(directory, name[:8], table.io) == [path]
-        assert files_with_prefix(directory, name[:8]) == [path]  # without a FileIO too
+        assert files_with_prefix(directory, name[:8]) == [path]
+        assert files_with_prefix(directory, name[:8], table.io) == [path]  # through the table's FileIO
+    assert set(live) <= set(table_files(table.location(), ORPHAN_SUFFIXES))
+    assert set(live) <= set(table_files(table.location(), ORPHAN_SUFFIXES, table.io))
 
 
 def test_gc_reads_the_table_after_the_open_attempts(lake):
