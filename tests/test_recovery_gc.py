@@ -18,7 +18,7 @@ from compaction_assets.commit.ledger import Ledger, Status
 from compaction_assets.commit.recovery import PARK_AFTER, recover
 from compaction_assets.demo import append_fragments
 from compaction_assets.errors import CompactionError
-from compaction_assets.lake.datafile_codec import datafile_to_json
+from compaction_assets.lake.datafile_codec import datafile_from_json, datafile_to_json
 from compaction_assets.lake.digest import rows_digest
 from compaction_assets.lake.files import live_data_files_by_path
 from compaction_assets.lake.storage import (
@@ -143,6 +143,25 @@ def test_gc_keeps_live_files_whatever_the_spelling_of_their_path(lake, spelling)
 
     assert report.orphan_files == []
     assert imported.exists() and rows_digest(lake.table("ns.t")) == before
+
+
+def test_gc_stops_on_a_path_it_cannot_match_by_scheme(lake):
+    """Java's PrefixMismatchMode.ERROR: a listed file whose path a snapshot references under another
+    scheme might be that file; GC names it and expires and deletes nothing."""
+    table = create_fragmented(lake, "ns.t", {"eu": 2})
+    real = next(iter(live_data_files_by_path(table).values()))
+    listed = local(real.file_path).with_name("copied.parquet")
+    shutil.copy(local(real.file_path), listed)
+    os.utime(listed, (HOUR_AGO, HOUR_AGO))
+    crafted = datafile_from_json({**datafile_to_json(real), "file_path": f"hdfs://namenode{listed}"})
+    with table.transaction() as txn, txn.update_snapshot().fast_append() as append:
+        append.append_data_file(crafted)
+    snapshots = len(lake.table("ns.t").metadata.snapshots)
+
+    with pytest.raises(PrefixMismatch, match=str(listed)):
+        collect_garbage(lake.table("ns.t"), lake.engine.ledger, KEEP_ONLY_CURRENT)
+
+    assert listed.exists() and len(lake.table("ns.t").metadata.snapshots) == snapshots
 
 
 def test_paths_compare_as_java_delete_orphan_files_compares_them():
