@@ -114,13 +114,24 @@ def compact(ctx: click.Context, table: str, partition: str | None, task_id: str 
 @main.command()
 @click.pass_context
 def recover(ctx: click.Context) -> None:
-    """Finish or undo every attempt a crash left open (PREPARED, dead EXECUTING)."""
-    report = _engine(ctx).recover()
+    """Finish or undo every attempt a crash left open (PREPARED, dead EXECUTING).
+
+    Each attempt is recovered on its own. Exit code 1 means some attempt could not be decided in
+    this run (each is named on stderr with its table); it stays open and is tried again next run.
+    At its third failure an attempt is parked instead (FAILED with the reason, its files left
+    alone; exit 0), so one bad attempt does not fail every later run; only a table that cannot be
+    read at all keeps the exit code at 1 until it can.
+    """
+    engine = _engine(ctx)
+    report = engine.recover()
     click.echo(
         f"recovered {report.handled} attempt(s): {len(report.confirmed)} confirmed committed, "
         f"{len(report.recommitted)} recommitted, {len(report.rolled_back)} rolled back, "
-        f"{len(report.abandoned)} abandoned"
+        f"{len(report.abandoned)} abandoned, {len(report.parked)} parked"
     )
+    for attempt_id in report.parked:
+        parked = engine.ledger.get(attempt_id)
+        click.echo(f"  parked {parked.table_name} attempt {attempt_id}: {parked.reason}", err=True)
     for error in report.errors:
         click.echo(f"  could not recover {error}", err=True)
     if report.errors:

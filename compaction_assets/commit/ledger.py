@@ -8,7 +8,10 @@ transition is a conditional UPDATE on the expected status, so a report from a st
 from __future__ import annotations
 
 import datetime as dt
+import json
+import math
 import os
+import re
 import socket
 import uuid
 from collections.abc import Iterable
@@ -20,6 +23,7 @@ from sqlalchemy import JSON, BigInteger, DateTime, Integer, String, Text, create
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from compaction_assets.errors import CompactionError
+from compaction_assets.lake.storage import Claims
 
 
 class Status(StrEnum):
@@ -119,7 +123,12 @@ class Ledger:
     def __init__(self, uri: str) -> None:
         self.uri = uri
         is_sqlite = uri.startswith("sqlite")
-        self._engine = create_engine(uri, connect_args={"timeout": 30} if is_sqlite else {})
+        self._engine = create_engine(
+            uri,
+            connect_args={"timeout": 30} if is_sqlite else {},
+            json_serializer=_json_dumps,
+            json_deserializer=_json_loads,
+        )
         if is_sqlite:
             event.listen(self._engine, "connect", _sqlite_pragmas)
         _Base.metadata.create_all(self._engine)
@@ -139,7 +148,12 @@ class Ledger:
         rows_in: int,
         bytes_in: int,
     ) -> Attempt:
-        """Record a new EXECUTING attempt of `task_id` (attempt numbers count up per task)."""
+        """Record a new EXECUTING attempt of `task_id` (attempt numbers count up per task).
+
+        A task id may not contain a comma: a snapshot that commits several attempts lists their
+        task ids comma-separated in its `compaction.task-id` summary property."""
+        if "," in task_id:
+            raise CompactionError(f"task id {task_id!r} contains a comma (reserved as the separator of task ids)")
         with Session(self._engine) as session, session.begin():
             last = session.scalar(select(func.max(AttemptRow.attempt_number)).where(AttemptRow.task_id == task_id))
             now = _now()
@@ -187,7 +201,8 @@ class Ledger:
             bytes_out=bytes_out,
         )
 
-    def mark_committed(self, attempt_id: str, snapshot_id: int) -> Attempt:
+    def mark_committed(self, attempt_id: str, snapshot_id: int | None) -> Attempt:
+        """PREPARED -> COMMITTED, with the snapshot that committed it (None: not known any more)."""
         return self._transition(attempt_id, [Status.PREPARED], Status.COMMITTED, committed_snapshot_id=snapshot_id)
 
     def mark_failed(self, attempt_id: str, reason: str) -> Attempt:
@@ -195,6 +210,23 @@ class Ledger:
 
     def mark_rolled_back(self, attempt_id: str, reason: str) -> Attempt:
         return self._transition(attempt_id, list(OPEN), Status.ROLLED_BACK, reason=reason)
+
+    def park(self, attempt_id: str, reason: str) -> Attempt:
+        """An open attempt recovery cannot finish: FAILED with the reason, its files left as they are."""
+        return self._transition(attempt_id, list(OPEN), Status.FAILED, reason=f"parked: {reason}")
+
+    def note_recovery_failure(self, attempt_id: str, error: str) -> int:
+        """Record on an open attempt that recovering it failed; returns how many times it has so far."""
+        attempt = self.get(attempt_id)
+        match = _FAILURES.match(attempt.reason or "") if attempt else None
+        count = (int(match.group(1)) if match else 0) + 1
+        with Session(self._engine) as session, session.begin():
+            session.execute(
+                update(AttemptRow)
+                .where(AttemptRow.attempt_id == attempt_id, AttemptRow.status.in_([str(s) for s in OPEN]))
+                .values(reason=f"recovery failed {count}x: {error}")
+            )
+        return count
 
     def heartbeat(self, attempt_ids: list[str]) -> None:
         """Mark open attempts as alive (recovery treats a long-silent open attempt as dead)."""
@@ -229,6 +261,13 @@ class Ledger:
         """Source files of the table's open attempts: the planner must not schedule them again."""
         return {p for a in self.attempts(statuses=OPEN, table_name=table_name) for p in a.source_files}
 
+    def open_claims(self, table_name: str) -> Claims:
+        """The files the table's open attempts own (sources, results, and names they write under)."""
+        attempts = self.attempts(statuses=OPEN, table_name=table_name)
+        paths = {p for a in attempts for p in a.source_files}
+        paths |= {d["file_path"] for a in attempts for d in a.result_files}
+        return Claims(frozenset(paths), tuple(a.attempt_id for a in attempts))
+
     def counts(self) -> dict[str, int]:
         with Session(self._engine) as session:
             rows = session.execute(select(AttemptRow.status, func.count()).group_by(AttemptRow.status))
@@ -248,6 +287,32 @@ class Ledger:
                 raise StaleAttempt(attempt_id, expected, row.status if row else None)
             session.refresh(row)
             return Attempt._from_row(row)
+
+
+_FAILURES = re.compile(r"^recovery failed (\d+)x: ")
+_NONFINITE = "$float"  # NaN and +/-Infinity in JSON columns (partition values): {"$float": "NaN"}
+
+
+def _json_dumps(value: Any) -> str:
+    """JSON for the ledger's columns; NaN and +/-Infinity (which PostgreSQL's JSON refuses) tagged."""
+    try:
+        return json.dumps(value, allow_nan=False)
+    except ValueError:
+        return json.dumps(_tag_nonfinite(value), allow_nan=False)
+
+
+def _tag_nonfinite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return {_NONFINITE: repr(value).replace("nan", "NaN").replace("inf", "Infinity")}
+    if isinstance(value, dict):
+        return {k: _tag_nonfinite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_tag_nonfinite(v) for v in value]
+    return value
+
+
+def _json_loads(raw: str) -> Any:
+    return json.loads(raw, object_hook=lambda d: float(d[_NONFINITE]) if d.keys() == {_NONFINITE} else d)
 
 
 def _sqlite_pragmas(dbapi_connection, _record) -> None:  # noqa: ANN001 - DB-API objects

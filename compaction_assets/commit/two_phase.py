@@ -39,7 +39,7 @@ from compaction_assets.lake.datafile_codec import datafile_from_json
 from compaction_assets.lake.files import LiveFile, live_files
 from compaction_assets.lake.manifest_cache import manifest_contents
 from compaction_assets.lake.manifest_io import ManifestContents, write_restated
-from compaction_assets.lake.storage import delete_files, files_with_prefix
+from compaction_assets.lake.storage import PathSet, delete_unreferenced, files_with_prefix
 
 _UNREAD = ManifestContents((), None, ())
 TASK_ID_PROPERTY = "compaction.task-id"
@@ -47,15 +47,13 @@ ATTEMPT_ID_PROPERTY = "compaction.attempt-id"
 
 
 def commit_snapshot(table: Table, attempt: Attempt) -> Snapshot | None:
-    """The snapshot this attempt committed, if any (found by its summary properties; a snapshot
-    that commits several attempts of one table lists their ids comma-separated)."""
+    """The snapshot this attempt committed, if the table still has it: the one whose
+    `compaction.attempt-id` lists the attempt's id (a snapshot that commits several attempts of one
+    table lists their ids comma-separated; attempt ids are hex, task ids may not hold a comma).
+    Once any engine has expired that snapshot, recovery decides from the table's files instead."""
     for snapshot in table.metadata.snapshots:
         summary = snapshot.summary
-        if (
-            summary is not None
-            and attempt.attempt_id in (summary[ATTEMPT_ID_PROPERTY] or "").split(",")
-            and attempt.task_id in (summary[TASK_ID_PROPERTY] or "").split(",")
-        ):
+        if summary is not None and attempt.attempt_id in (summary[ATTEMPT_ID_PROPERTY] or "").split(","):
             return snapshot
     return None
 
@@ -308,40 +306,50 @@ def _commit_once(table: Table, attempts: Sequence[Attempt], live: dict[str, Data
     txn.commit_transaction()
 
 
-def confirm_committed(table: Table, ledger: Ledger, attempt: Attempt) -> Attempt:
-    """Mark COMMITTED from the snapshot that carries the attempt, and sweep its stray files."""
-    snapshot = commit_snapshot(table, attempt)
-    if snapshot is None:
-        raise RuntimeError(f"attempt {attempt.attempt_id}: no snapshot of table {attempt.table_name} carries it")
+def confirm_committed(table: Table, ledger: Ledger, attempt: Attempt, snapshot_id: int | None = None) -> Attempt:
+    """Mark COMMITTED, with the snapshot that carries the attempt (or `snapshot_id`, when recovery
+    found its result files committed by a snapshot since expired), and sweep its stray files."""
+    if snapshot_id is None:
+        snapshot = commit_snapshot(table, attempt)
+        if snapshot is None:
+            raise RuntimeError(f"attempt {attempt.attempt_id}: no snapshot of table {attempt.table_name} carries it")
+        snapshot_id = snapshot.snapshot_id
     try:
-        committed = ledger.mark_committed(attempt.attempt_id, snapshot.snapshot_id)
+        committed = ledger.mark_committed(attempt.attempt_id, snapshot_id)
     except StaleAttempt:
         committed = ledger.get(attempt.attempt_id)
         if committed is None or committed.status != Status.COMMITTED:
             raise
-    sweep_untracked(table, attempt, keep={d["file_path"] for d in attempt.result_files})
+    sweep_untracked(table, ledger, attempt, keep={d["file_path"] for d in attempt.result_files})
     return committed
 
 
 def roll_back(table: Table, ledger: Ledger, attempt: Attempt, reason: str) -> BackOff:
-    """Mark ROLLED_BACK, then delete everything the attempt wrote; returns the BackOff to raise.
+    """Mark ROLLED_BACK, then delete what the attempt wrote that nothing references; returns the
+    BackOff to raise.
 
     The ledger goes first: if another process already ended the attempt (e.g. committed it),
-    the transition is refused and nothing is deleted.
+    the transition is refused and nothing is deleted. A file a snapshot references (the commit
+    landed after all) is never deleted: see sweep_untracked.
     """
     ledger.mark_rolled_back(attempt.attempt_id, reason)
-    sweep_untracked(table, attempt, keep=set())
+    sweep_untracked(table, ledger, attempt, keep=set())
     return BackOff(f"{attempt.table_name} [{attempt.partition_key or 'unpartitioned'}]: backed off: {reason}")
 
 
 def abandon(table: Table, ledger: Ledger, attempt: Attempt, reason: str) -> Attempt:
     """An EXECUTING attempt that will never finish: mark it FAILED, then delete what it wrote."""
     failed = ledger.mark_failed(attempt.attempt_id, reason)
-    sweep_untracked(table, attempt, keep=set())
+    sweep_untracked(table, ledger, attempt, keep=set())
     return failed
 
 
-def sweep_untracked(table: Table, attempt: Attempt, keep: set[str]) -> int:
-    """Delete files named after this attempt in its output folders, except those in `keep`."""
-    written = [p for d in attempt.output_dirs for p in files_with_prefix(d, attempt.attempt_id)]
-    return delete_files(table.io, table.location(), [p for p in written if p not in keep])
+def sweep_untracked(table: Table, ledger: Ledger, attempt: Attempt, keep: set[str]) -> int:
+    """Delete files named after this attempt in its output folders, except those in `keep`, any a
+    snapshot of the table references and any an open attempt claims (storage.delete_unreferenced)."""
+    written = [p for d in attempt.output_dirs for p in files_with_prefix(d, attempt.attempt_id, table.io)]
+    kept = PathSet(keep)
+    doomed = [p for p in written if p not in kept]
+    if not doomed:
+        return 0
+    return delete_unreferenced(table, doomed, ledger.open_claims(attempt.table_name))

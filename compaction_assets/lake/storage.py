@@ -1,57 +1,199 @@
-"""Listing and deleting files under a table's location, and nowhere else."""
+"""Listing and deleting files under a table's location, and nowhere else.
+
+Paths are compared as Java Iceberg's DeleteOrphanFiles compares them: by (scheme, authority,
+path), with s3a/s3n equal to s3 (its default equalSchemes), a bare `/abs` being pyiceberg's
+default scheme `file`, and an empty authority matching any (`/a`, `file:/a`, `file:///a` are one
+file). The same path under a different scheme or authority cannot be decided and is an error
+naming the path (Java's PrefixMismatchMode.ERROR). Paths are never URI-decoded: Iceberg stores
+`region=a%2Fb` as the directory's real name.
+
+`delete_unreferenced` is the only way files of a table are deleted: whoever calls it, it skips
+every file a snapshot the table still has references (read from the catalog at that moment) and
+every file an open task attempt claims.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from pyarrow import fs as pafs
 from pyiceberg.io import FileIO
+from pyiceberg.io.pyarrow import PyArrowFileIO
+from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Snapshot
 
 from compaction_assets.errors import CompactionError
+from compaction_assets.lake.manifest_cache import live_entries
+
+EQUAL_SCHEMES = {"s3a": "s3", "s3n": "s3"}  # Java DeleteOrphanFiles' default equalSchemes
+_URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*):(?://([^/]*))?(.*)$")
 
 
 class OutsideTableLocation(CompactionError):
     """Refused: a path to delete is not inside the table's own location."""
 
 
-def files_with_prefix(directory: str, prefix: str) -> list[str]:
-    """URIs of the files directly in `directory` whose names start with `prefix`."""
-    filesystem, root = pafs.FileSystem.from_uri(directory)
-    scheme = directory.split("://", 1)[0] if "://" in directory else "file"
-    infos = filesystem.get_file_info(pafs.FileSelector(root, allow_not_found=True))
-    return sorted(
-        f"{scheme}://{info.path}"
-        for info in infos
-        if info.type == pafs.FileType.File and info.base_name.startswith(prefix)
-    )
+class PrefixMismatch(CompactionError):
+    """A listed path equals a referenced one except for scheme or authority: cannot tell if it is the same file."""
 
 
-def table_files(location: str, suffixes: tuple[str, ...]) -> dict[str, int | None]:
-    """URI -> modification time (ms) of every file under `location` whose name ends in `suffixes`."""
-    filesystem, root = pafs.FileSystem.from_uri(location)
-    scheme = location.split("://", 1)[0] if "://" in location else "file"
-    infos = filesystem.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
-    return {
-        f"{scheme}://{i.path}": (i.mtime_ns // 1_000_000 if i.mtime_ns is not None else None)
-        for i in infos
-        if i.type == pafs.FileType.File and i.base_name.endswith(suffixes)
-    }
+class FileKey(NamedTuple):
+    scheme: str
+    authority: str
+    path: str
+
+
+def file_key(location: str) -> FileKey:
+    """(scheme, authority, path) of a location, normalised for comparison (never URI-decoded)."""
+    match = _URI.match(location)
+    if match is None:
+        return FileKey("file", "", location)  # pyiceberg reads a bare path as a local file
+    scheme = match.group(1).lower()
+    return FileKey(EQUAL_SCHEMES.get(scheme, scheme), (match.group(2) or "").lower(), match.group(3))
+
+
+def _same_file(a: FileKey, b: FileKey) -> bool:
+    return a.scheme == b.scheme and (not a.authority or not b.authority or a.authority == b.authority)
+
+
+class PathSet:
+    """Locations compared by file identity (file_key), whatever their spelling."""
+
+    def __init__(self, locations: Iterable[str] = ()) -> None:
+        self._by_path: dict[str, dict[FileKey, str]] = {}
+        for location in locations:
+            key = file_key(location)
+            self._by_path.setdefault(key.path, {}).setdefault(key, location)
+
+    def __contains__(self, location: object) -> bool:
+        """True if the set holds this file; raises PrefixMismatch if it holds its path only under
+        another scheme or authority."""
+        if not isinstance(location, str):
+            return False
+        key = file_key(location)
+        spellings = self._by_path.get(key.path, {})
+        if any(_same_file(key, k) for k in spellings):
+            return True
+        if spellings:
+            raise PrefixMismatch(
+                f"cannot tell whether {location} is the referenced file {next(iter(spellings.values()))} "
+                "(same path, another scheme or authority); nothing was deleted"
+            )
+        return False
 
 
 def is_inside(path: str, location: str) -> bool:
-    return path.startswith(location.rstrip("/") + "/")
+    """True if `path` is below `location` (compared by file identity, not spelling)."""
+    key, root = file_key(path), file_key(location)
+    return _same_file(key, root) and key.path.startswith(root.path.rstrip("/") + "/")
 
 
-def delete_files(io: FileIO, table_location: str, paths: Iterable[str]) -> int:
-    """Delete files of this table; refuses (before deleting any) a path outside its location."""
-    paths = list(paths)
-    outside = [p for p in paths if not is_inside(p, table_location)]
-    if outside:
-        raise OutsideTableLocation(f"refusing to delete {outside[0]}: outside table location {table_location}")
-    deleted = 0
+def _filesystem(location: str, io: FileIO | None) -> tuple[pafs.FileSystem, str]:
+    """The filesystem holding `location` and the raw path on it. pyarrow's FileSystem.from_uri would
+    URI-decode the path (and ignore the catalog's s3.* properties): the table's FileIO builds it."""
+    scheme, netloc, path = PyArrowFileIO.parse_location(location)
+    if isinstance(io, PyArrowFileIO):
+        return io.fs_by_scheme(scheme, netloc), path
+    if scheme == "file":
+        return pafs.LocalFileSystem(), path
+    return pafs.FileSystem.from_uri(f"{scheme}://{netloc}/")[0], path
+
+
+def _listing(directory: str, io: FileIO | None, recursive: bool) -> Iterator[tuple[str, pafs.FileInfo]]:
+    """(location spelled as `directory` + relative path, info) of the files under `directory`."""
+    directory = directory.rstrip("/")
+    filesystem, root = _filesystem(directory, io)
+    root = root.rstrip("/")
+    selector = pafs.FileSelector(root, recursive=recursive, allow_not_found=True)
+    for info in filesystem.get_file_info(selector):
+        if info.type == pafs.FileType.File and info.path.startswith(root + "/"):
+            yield directory + info.path[len(root) :], info
+
+
+def files_with_prefix(directory: str, prefix: str, io: FileIO | None = None) -> list[str]:
+    """Locations of the files directly in `directory` whose names start with `prefix`, spelled as
+    `directory` is (as the writer and so the manifests spell them)."""
+    return sorted(p for p, info in _listing(directory, io, False) if info.base_name.startswith(prefix))
+
+
+def table_files(location: str, suffixes: tuple[str, ...], io: FileIO | None = None) -> dict[str, int | None]:
+    """Location -> modification time (ms) of every file under `location` whose name ends in `suffixes`."""
+    return {
+        path: (info.mtime_ns // 1_000_000 if info.mtime_ns is not None else None)
+        for path, info in _listing(location, io, True)
+        if info.base_name.endswith(suffixes)
+    }
+
+
+def file_sizes(io: FileIO, paths: list[str]) -> dict[str, int]:
+    """Sizes of those of `paths` that exist."""
+    sizes = {}
     for path in paths:
+        filesystem, raw = _filesystem(path, io)
+        info = filesystem.get_file_info(raw)
+        if info.type == pafs.FileType.File:
+            sizes[path] = info.size
+    return sizes
+
+
+def reachable(io: FileIO, snapshots: Iterable[Snapshot]) -> set[str]:
+    """Manifest lists, manifests and live data/delete files of the given snapshots."""
+    files: set[str] = set()
+    seen_manifests: set[str] = set()
+    for snapshot in snapshots:
+        files.add(snapshot.manifest_list)
+        for manifest in snapshot.manifests(io):
+            files.add(manifest.manifest_path)
+            if manifest.manifest_path in seen_manifests:
+                continue
+            seen_manifests.add(manifest.manifest_path)
+            files.update(e.data_file.file_path for e in live_entries(manifest, io))
+    return files
+
+
+@dataclass(frozen=True)
+class Claims:
+    """What open task attempts own: files they read or wrote, and the name prefixes of files they write."""
+
+    paths: frozenset[str] = frozenset()
+    prefixes: tuple[str, ...] = ()
+    _set: PathSet = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_set", PathSet(self.paths))
+
+    def covers(self, path: str) -> bool:
+        name = path.rsplit("/", 1)[-1]
+        return any(name.startswith(p) for p in self.prefixes) or path in self._set
+
+
+def delete_unreferenced(table: Table, paths: Iterable[str], claims: Claims) -> int:
+    """Delete files of `table`, except any that a snapshot the table has (branch and tag heads
+    included; read again from the catalog now, whatever another engine did) references or an open
+    attempt claims. Refuses, before deleting any, a path outside the table's location or one that
+    matches a referenced file except for scheme or authority. Returns how many were deleted."""
+    paths = list(paths)
+    if not paths:
+        return 0
+    name = ".".join(table.name())
+    location = table.location()
+    if outside := [p for p in paths if not is_inside(p, location)]:
+        raise OutsideTableLocation(
+            f"table '{name}': refusing to delete {outside[0]}: outside table location {location}; nothing was deleted"
+        )
+    current = table.catalog.load_table(table.name())
+    referenced = PathSet(reachable(current.io, current.metadata.snapshots))
+    try:
+        doomed = [p for p in paths if p not in referenced and not claims.covers(p)]
+    except PrefixMismatch as exc:
+        raise PrefixMismatch(f"table '{name}': {exc}") from None
+    deleted = 0
+    for path in doomed:
         try:
-            io.delete(path)
+            table.io.delete(path)
             deleted += 1
         except FileNotFoundError:
             pass

@@ -4,10 +4,14 @@ them later, once no retained snapshot and no in-flight task needs them.
 1. Expire snapshots older than the retention, always keeping the newest `min_snapshots_to_keep`
    and every branch or tag head.
 2. Delete files (data files, manifests, manifest lists) reachable only from expired snapshots.
-3. Delete orphans: data and manifest files under the table location that no retained snapshot
-   references and no open task attempt owns, older than the grace period (a writer may be about
-   to commit a newer one).
-Any path outside the table's own location is refused before anything is expired or deleted.
+3. Delete orphans: data and manifest files under the table location that no snapshot references
+   and no open task attempt owns, older than the grace period (a writer may be about to commit a
+   newer one).
+Nothing an open attempt claims (files it reads or writes) is deleted in 2 or 3. Paths are compared
+by file identity, not spelling (lake.storage: `/a`, `file:/a`, `file:///a` are one file). Any path
+outside the table's own location, or matching a referenced one but for scheme or authority, is
+refused before anything is expired or deleted; deletion itself goes through
+storage.delete_unreferenced, which reads the table again and never deletes a referenced file.
 """
 
 from __future__ import annotations
@@ -16,16 +20,23 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from pyarrow import fs as pafs
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
-from compaction_assets.commit.ledger import OPEN, Ledger
+from compaction_assets.commit.ledger import Ledger
 from compaction_assets.config import GcConfig
 from compaction_assets.errors import ConfigError
 from compaction_assets.faults import crash_point
-from compaction_assets.lake.manifest_cache import live_entries
-from compaction_assets.lake.storage import OutsideTableLocation, delete_files, is_inside, table_files
+from compaction_assets.lake.storage import (
+    OutsideTableLocation,
+    PathSet,
+    PrefixMismatch,
+    delete_unreferenced,
+    file_sizes,
+    is_inside,
+    table_files,
+)
+from compaction_assets.lake.storage import reachable as storage_reachable
 from compaction_assets.planning.policy import ENABLED_PROPERTY
 
 HOUR_MS = 3600 * 1000
@@ -78,20 +89,37 @@ class GcReport:
 def collect_garbage(
     table: Table, ledger: Ledger, policy: GcPolicy, dry_run: bool = False, now_ms: int | None = None
 ) -> GcReport:
+    """Expire, then delete expired-only files and orphans (see the module docstring).
+
+    The open attempts are read before the table is (re)read: an attempt that commits in between
+    has its files in the table read, not taken for orphans. Raises OutsideTableLocation or
+    PrefixMismatch, before anything is expired or deleted, for a path it must not or cannot judge.
+    """
     name = ".".join(table.name())
     report = GcReport(name, dry_run)
+    claims = ledger.open_claims(name)
+    table.refresh()
     if table.properties.get(ENABLED_PROPERTY, "true").lower() == "false":
         report.paused = True
         return report
     now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
     location = table.location().rstrip("/")
-    snapshots = table.metadata.snapshots
     kept = _snapshots_to_keep(table, policy, now_ms)
-    expired = [s for s in snapshots if s.snapshot_id not in kept]
-    retained_files = reachable(table, [s for s in snapshots if s.snapshot_id in kept])
-    expired_only = sorted(reachable(table, expired) - retained_files)
-    owners = [a.attempt_id for a in ledger.attempts(statuses=OPEN, table_name=name)]
-    orphans = _orphans(location, retained_files, owners, now_ms - policy.orphan_grace_ms)
+    expired = [s for s in table.metadata.snapshots if s.snapshot_id not in kept]
+    retained_paths = reachable(table, [s for s in table.metadata.snapshots if s.snapshot_id in kept])
+    expired_paths = reachable(table, expired)
+    retained, referenced = PathSet(retained_paths), PathSet([*retained_paths, *expired_paths])
+    listed = table_files(location, ORPHAN_SUFFIXES, table.io)
+    older_than_ms = now_ms - policy.orphan_grace_ms
+    try:
+        expired_only = sorted(p for p in expired_paths if p not in retained and not claims.covers(p))
+        orphans = sorted(  # files of expired snapshots are not orphans: counted once, above
+            p
+            for p, mtime_ms in listed.items()
+            if mtime_ms is not None and mtime_ms < older_than_ms and p not in referenced and not claims.covers(p)
+        )
+    except PrefixMismatch as exc:
+        raise PrefixMismatch(f"table '{name}': refusing GC: {exc}") from None
     outside = [p for p in [*expired_only, *orphans] if not is_inside(p, location)]
     if outside:
         raise OutsideTableLocation(
@@ -100,13 +128,13 @@ def collect_garbage(
         )
     report.snapshots_expired = [s.snapshot_id for s in expired]
     report.expired_files, report.orphan_files = expired_only, orphans
-    report.bytes_reclaimed = sum(_sizes(location, [*expired_only, *orphans]).values())
+    report.bytes_reclaimed = sum(file_sizes(table.io, [*expired_only, *orphans]).values())
     if dry_run:
         return report
     if expired:
         table.maintenance.expire_snapshots().by_ids(report.snapshots_expired).commit()
     crash_point("gc_after_expire")
-    delete_files(table.io, location, [*expired_only, *orphans])
+    delete_unreferenced(table, [*expired_only, *orphans], claims)
     return report
 
 
@@ -120,34 +148,4 @@ def _snapshots_to_keep(table: Table, policy: GcPolicy, now_ms: int) -> set[int]:
 
 def reachable(table: Table, snapshots: Iterable[Snapshot]) -> set[str]:
     """Manifest lists, manifests and live data/delete files of the given snapshots."""
-    files: set[str] = set()
-    seen_manifests: set[str] = set()
-    for snapshot in snapshots:
-        files.add(snapshot.manifest_list)
-        for manifest in snapshot.manifests(table.io):
-            files.add(manifest.manifest_path)
-            if manifest.manifest_path in seen_manifests:
-                continue
-            seen_manifests.add(manifest.manifest_path)
-            files.update(e.data_file.file_path for e in live_entries(manifest, table.io))
-    return files
-
-
-def _orphans(location: str, referenced: set[str], owners: list[str], older_than_ms: int) -> list[str]:
-    return sorted(
-        uri
-        for uri, mtime_ms in table_files(location, ORPHAN_SUFFIXES).items()
-        if uri not in referenced
-        and not any(uri.rsplit("/", 1)[-1].startswith(owner) for owner in owners)
-        and mtime_ms is not None
-        and mtime_ms < older_than_ms
-    )
-
-
-def _sizes(location: str, paths: list[str]) -> dict[str, int]:
-    """Sizes of the files that exist (inside the location; checked by the caller)."""
-    if not paths:
-        return {}
-    filesystem, _ = pafs.FileSystem.from_uri(location)
-    infos = filesystem.get_file_info([pafs.FileSystem.from_uri(p)[1] for p in paths])
-    return {p: i.size for p, i in zip(paths, infos, strict=True) if i.type == pafs.FileType.File}
+    return storage_reachable(table.io, snapshots)
