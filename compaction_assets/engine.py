@@ -32,6 +32,7 @@ from compaction_assets.faults import crash_point
 from compaction_assets.gc_pause import gc_paused
 from compaction_assets.lake.catalog import load_table, open_catalog
 from compaction_assets.lake.datafile_codec import datafile_to_json, encode_partition
+from compaction_assets.lake.deletes import files_with_deletes
 from compaction_assets.lake.files import LiveFile, live_files
 from compaction_assets.maintenance.gc import GcPolicy, GcReport, collect_garbage
 from compaction_assets.planning.planner import Kind, PartitionPlan, plan_table
@@ -202,7 +203,10 @@ class Engine:
     def _plan(self, table: Table, table_name: str, partition: str | None) -> tuple[TablePlan, dict[str, LiveFile]]:
         policy = self.policy(table, table_name)
         files = live_files(table)
-        plans = plan_table(files, policy, table.spec().spec_id, self.ledger.in_flight_sources(table_name))
+        with_deletes = files_with_deletes(
+            (f.data_file for f in files if not f.is_delete), (f.data_file for f in files if f.is_delete)
+        )
+        plans = plan_table(files, policy, table.spec().spec_id, self.ledger.in_flight_sources(table_name), with_deletes)
         if partition is not None:
             known = sorted(p.partition_key for p in plans)
             plans = [p for p in plans if p.partition_key == partition]

@@ -4,8 +4,10 @@ Minor compaction bin-packs fragments (files <= target/fragment_ratio) into group
 target file. Packing counts each file's column data bytes (its manifest column sizes), not its
 size on disk: a tiny file is mostly footer, which merging removes. Major compaction rewrites
 every undersized file (< min_target_size_ratio x target) in groups of at most max_group_bytes,
-writing target-size files. Partitions with delete files
-or with only files of an older partition spec are left alone, with the reason.
+writing target-size files. A partition with a file that some delete file can apply to (any
+delete file of the table: same partition tuple, global, or referencing the file; decided by
+lake.deletes, the rule the commit validates with) or with only files of an older partition spec
+is left alone, with the reason.
 """
 
 from __future__ import annotations
@@ -126,14 +128,17 @@ def plan_partition(
     policy: Policy,
     current_spec_id: int,
     in_flight: Collection[str] = (),
+    with_deletes: Collection[str] = (),
 ) -> PartitionPlan:
-    """Decide minor, major or nothing for one partition, and group its files."""
+    """Decide minor, major or nothing for one partition, and group its files. `with_deletes`:
+    paths of the data files a delete file can apply to (rewriting them would bring deleted rows
+    back, or make a delete older than the result stop applying)."""
     stats = partition_stats(partition_key, files, policy)
     if not policy.enabled:
         return PartitionPlan(stats, None, reason="compaction is paused for this table (compaction.enabled=false)")
-    if stats.delete_files:
+    if deleted := sum(not f.is_delete and f.path in with_deletes for f in files):
         return PartitionPlan(
-            stats, None, reason=f"{stats.delete_files} delete file(s) present: left alone (deletes are not rewritten)"
+            stats, None, reason=f"delete files can apply to {deleted} file(s): left alone (deletes are not rewritten)"
         )
     candidates = [f for f in files if f.spec_id == current_spec_id and f.path not in in_flight]
     fragments = [f for f in candidates if f.size <= policy.fragment_max_bytes]
@@ -157,13 +162,17 @@ def plan_partition(
 
 
 def plan_table(
-    files: Iterable[FileStat], policy: Policy, current_spec_id: int, in_flight: Collection[str] = ()
+    files: Iterable[FileStat],
+    policy: Policy,
+    current_spec_id: int,
+    in_flight: Collection[str] = (),
+    with_deletes: Collection[str] = (),
 ) -> list[PartitionPlan]:
     """Plan every partition; best benefit first, then partition key (deterministic)."""
     by_partition: dict[str, list[FileStat]] = {}
     for f in files:
         by_partition.setdefault(f.partition_key, []).append(f)
-    plans = [plan_partition(k, v, policy, current_spec_id, in_flight) for k, v in by_partition.items()]
+    plans = [plan_partition(k, v, policy, current_spec_id, in_flight, with_deletes) for k, v in by_partition.items()]
     return sorted(plans, key=lambda p: (-p.benefit, p.partition_key))
 
 
