@@ -155,7 +155,7 @@ class Engine:
             except Exception as exc:
                 message = _first_line(exc)
                 for item in work:
-                    abandon(table, self.ledger, item.attempt, f"rewrite job failed: {message}")
+                    self._abandon(table, item.attempt, f"rewrite job failed: {message}")
                 raise CompactionError(f"{table_name}: rewrite job failed: {message}") from exc
             crash_point("after_rewrite")
             rewritten = time.monotonic()
@@ -300,7 +300,7 @@ class Engine:
         elif rows_out != attempt.rows_in:
             outcome.reason = f"row count mismatch: read {attempt.rows_in} rows, wrote {rows_out}"
         if outcome.reason:
-            abandon(table, self.ledger, attempt, outcome.reason)
+            outcome.reason = self._abandon(table, attempt, outcome.reason)
             return outcome
         bytes_out = sum(f.file_size_in_bytes for f in written)
         try:
@@ -308,8 +308,7 @@ class Engine:
                 attempt.attempt_id, [datafile_to_json(f) for f in written], rows_out, bytes_out
             )
         except StaleAttempt as exc:
-            abandon(table, self.ledger, attempt, f"stale: {exc}")
-            outcome.reason = str(exc)
+            outcome.reason = self._abandon(table, attempt, f"stale: {exc}")
             return outcome
         crash_point("after_prepare")
         outcome.status = "prepared"
@@ -317,6 +316,15 @@ class Engine:
         outcome.files_after = plan.stats.data_files - plan.input_files + len(written)
         outcome.bytes_after = plan.stats.data_bytes - plan.input_bytes + bytes_out
         return outcome
+
+    def _abandon(self, table: Table, attempt: Attempt, reason: str) -> str:
+        """End an attempt that will not commit; returns the reason to report. An attempt another
+        process already ended (recovery took it for dead) is left as that process left it."""
+        try:
+            abandon(table, self.ledger, attempt, reason)
+        except StaleAttempt as exc:
+            return f"{reason}; {exc}"
+        return reason
 
     def _commit(self, table: Table, prepared: list[tuple[_Work, PartitionOutcome]]) -> None:
         """Commit every prepared partition of the table in one snapshot; settle each outcome."""
