@@ -163,6 +163,22 @@ def test_a_global_delete_file_keeps_the_files_it_can_apply_to_out_of_the_plan(la
     assert "delete files can apply to 10 file(s)" in eu.reason
 
 
+def test_a_delete_file_of_another_spec_with_an_equal_partition_tuple_keeps_the_files_out_too(lake):
+    """Wider than the spec's (spec id, tuple) rule on purpose: a superset can only leave more alone."""
+    table = create_fragmented(lake, "ns.t", {"eu": 10})
+    with table.update_spec() as update:
+        update.rename_field("region", "reg")  # spec 1: same tuple, key "reg=eu"
+    table = lake.table("ns.t")
+    victim = region_files(table)[0]
+    commit_deletes(table, [position_delete(table, victim, [0], spec_id=1, partition=Record("eu"))])
+
+    plan = lake.engine.plan("ns.t")
+
+    assert plan.to_compact == []
+    [eu] = [p for p in plan.partitions if p.partition_key == "region=eu"]
+    assert "delete files can apply to 10 file(s)" in eu.reason
+
+
 def test_a_file_scoped_position_delete_leaves_other_partitions_compactable(lake):
     table = create_fragmented(lake, "ns.t", {"eu": 10, "us": 10})
     commit_deletes(table, [position_delete(table, region_files(table)[0], [0], referenced=True)])
@@ -274,3 +290,18 @@ def test_an_attempt_another_process_ended_is_an_outcome_not_an_exception(lake, m
     assert outcome.status == "failed"
     assert "expected EXECUTING, found FAILED" in outcome.reason
     assert rows(lake.table("ns.t")) == expected
+
+
+def test_an_unpartitioned_compaction_counts_its_one_partition_as_java_does(lake):
+    table = lake.catalog.create_table("ns.t", schema=SCHEMA)
+    append_fragments(table, [batch(i * 50, 50, "eu") for i in range(10)])
+
+    [outcome] = lake.engine.compact("ns.t")
+
+    assert outcome.status == "committed", outcome.reason
+    table = lake.table("ns.t")
+    summary = table.current_snapshot().summary
+    assert summary.operation == Operation.REPLACE
+    assert summary["changed-partition-count"] == "1"
+    assert {k: summary[k] for k in TOTALS} == fresh_totals(table)
+    assert duckdb_ids(table) == list(range(500))

@@ -1,9 +1,10 @@
 """Two-phase commit of a rewrite.
 
 Precommit (engine): every result file is durable and the ledger row is PREPARED with the exact
-DataFile list. Commit (here): one Iceberg snapshot that deletes the sources and adds the results
-of one or more attempts of a table, tagged with their task and attempt ids, made only if every
-source is still live; then COMMITTED.
+DataFile list. Commit (here): one Iceberg `replace` snapshot that deletes the sources and adds the
+results of one or more attempts of a table, tagged with their task and attempt ids, made only if
+every source is still live and no position delete that can apply to one was added since the
+attempt's base snapshot (Java's RewriteFiles); then COMMITTED.
 A commit that gives way deletes the attempt's own files and ends ROLLED_BACK.
 """
 
@@ -34,6 +35,7 @@ from pyiceberg.table.snapshots import (
     ADDED_FILE_SIZE,
     ADDED_POSITION_DELETES,
     ADDED_RECORDS,
+    CHANGED_PARTITION_COUNT_PROP,
     DELETED_DATA_FILES,
     DELETED_RECORDS,
     REMOVED_DELETE_FILES,
@@ -429,6 +431,10 @@ class _RewriteFiles(_OverwriteFiles):
         for data_file in self._deleted_data_files:
             collector.remove_file(data_file, schema, specs[data_file.spec_id])
         changes = collector.build()
+        # Java counts the unpartitioned spec's one partition (path ""); pyiceberg's collector skips it
+        files = [*self._added_data_files, *self._deleted_data_files]
+        if changed := len(collector.partition_metrics) + any(len(f.partition) == 0 for f in files):
+            changes[CHANGED_PARTITION_COUNT_PROP] = str(changed)
         parent = metadata.snapshot_by_id(self._parent_snapshot_id) if self._parent_snapshot_id is not None else None
         totals = _carried_totals(parent.summary if parent is not None else None, changes)
         return Summary(operation=self._operation, **changes, **totals, **snapshot_properties)
