@@ -206,7 +206,7 @@ def _deletes_added_since(
                 f"cannot read the history from base snapshot {base_snapshot_id} to head {head_snapshot_id}: "
                 f"snapshot {snapshot_id} is missing (the base is no ancestor of the head, or history expired)"
             )
-        for manifest in snapshot.manifests(io):
+        for manifest in [] if _only_appends_data(snapshot) else snapshot.manifests(io):
             if manifest.content == ManifestContent.DELETES and manifest.added_snapshot_id == snapshot.snapshot_id:
                 added.extend(
                     e.data_file
@@ -215,6 +215,13 @@ def _deletes_added_since(
                 )
         snapshot_id = snapshot.parent_snapshot_id
     return added
+
+
+def _only_appends_data(snapshot: Snapshot) -> bool:
+    """An `append` that says it added no delete file (the spec's append adds data files only):
+    its manifest list need not be read, which keeps a long window of streaming appends cheap."""
+    summary = snapshot.summary
+    return summary is not None and summary.operation == Operation.APPEND and not summary[ADDED_DELETE_FILES]
 
 
 def _delete_conflict(replaced: Sequence[DataFile], added_deletes: Sequence[DataFile]) -> str | None:
