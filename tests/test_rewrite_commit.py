@@ -305,3 +305,34 @@ def test_an_unpartitioned_compaction_counts_its_one_partition_as_java_does(lake)
     assert summary["changed-partition-count"] == "1"
     assert {k: summary[k] for k in TOTALS} == fresh_totals(table)
     assert duckdb_ids(table) == list(range(500))
+
+
+def test_attempts_of_different_bases_commit_together_each_with_its_own_base_sequence_number(lake):
+    """Two PREPARED attempts planned on different snapshots (two crashed runs), committed in one
+    snapshot: each result carries its own base's data sequence number, and an equality delete
+    committed between the two bases still applies to the older attempt's rewritten rows."""
+    table = create_fragmented(lake, "ns.t", {"eu": 10, "us": 10})
+    first_base = table.current_snapshot()
+    assert lake.cli("compact", "ns.t", "--partition", "region=eu", crash_at="after_prepare").returncode == 137
+    table = lake.table("ns.t")
+    commit_deletes(table, [equality_delete(table, [0, 7], spec_id=0, partition=region_files(table)[0].partition)])
+    second_base = lake.table("ns.t").current_snapshot()
+    assert lake.cli("compact", "ns.t", "--partition", "region=us", crash_at="after_prepare").returncode == 137
+    eu, us = sorted(lake.engine.ledger.attempts(), key=lambda a: a.partition_key)
+    assert (eu.base_snapshot_id, us.base_snapshot_id) == (first_base.snapshot_id, second_base.snapshot_id)
+    results: dict = {}
+
+    two_phase.commit_together(lake.table("ns.t"), lake.engine.ledger, [eu, us], results)
+
+    assert {r.committed_snapshot_id for r in results.values()} == {lake.table("ns.t").current_snapshot().snapshot_id}
+    table = lake.table("ns.t")
+    snapshot = table.current_snapshot()
+    added = {
+        e.data_file.partition[0]: e.sequence_number
+        for _, e in entries(table)
+        if e.status == ManifestEntryStatus.ADDED and e.snapshot_id == snapshot.snapshot_id
+    }
+    assert added == {"eu": first_base.sequence_number, "us": second_base.sequence_number}
+    expected = [i for i in range(1000) if i not in (0, 7)]
+    assert spec_ids(table) == expected
+    assert duckdb_ids(table) == expected
