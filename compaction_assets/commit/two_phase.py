@@ -53,7 +53,7 @@ from pyiceberg.table.snapshots import (
     SnapshotSummaryCollector,
     Summary,
 )
-from pyiceberg.table.update.snapshot import _ManifestMergeManager, _OverwriteFiles
+from pyiceberg.table.update.snapshot import _ManifestMergeManager, _OverwriteFiles  # pyiceberg 0.12 private
 from pyiceberg.typedef import EMPTY_DICT, KeyDefaultDict
 from pyiceberg.utils.concurrent import ExecutorFactory
 from pyiceberg.utils.properties import property_as_bool, property_as_int
