@@ -32,6 +32,7 @@ from compaction_assets.faults import crash_point
 from compaction_assets.gc_pause import gc_paused
 from compaction_assets.lake.catalog import load_table, open_catalog
 from compaction_assets.lake.datafile_codec import datafile_to_json, encode_partition
+from compaction_assets.lake.deletes import files_with_deletes
 from compaction_assets.lake.features import refusal
 from compaction_assets.lake.files import LiveFile, live_files
 from compaction_assets.maintenance.gc import GcPolicy, GcReport, collect_garbage
@@ -156,7 +157,7 @@ class Engine:
             except Exception as exc:
                 message = _first_line(exc)
                 for item in work:
-                    abandon(table, self.ledger, item.attempt, f"rewrite job failed: {message}")
+                    self._abandon(table, item.attempt, f"rewrite job failed: {message}")
                 raise CompactionError(f"{table_name}: rewrite job failed: {message}") from exc
             crash_point("after_rewrite")
             rewritten = time.monotonic()
@@ -204,9 +205,12 @@ class Engine:
     def _plan(self, table: Table, table_name: str, partition: str | None) -> tuple[TablePlan, dict[str, LiveFile]]:
         policy = self.policy(table, table_name)
         files = live_files(table)
-        refused = refusal(table)
+        with_deletes = files_with_deletes(
+            (f.data_file for f in files if not f.is_delete), (f.data_file for f in files if f.is_delete)
+        )
         in_flight = self.ledger.in_flight_sources(table_name)
-        plans = plan_table(files, policy, table.spec().spec_id, in_flight, refused)
+        refused = refusal(table)
+        plans = plan_table(files, policy, table.spec().spec_id, in_flight, with_deletes, refused)
         if partition is not None:
             known = sorted(p.partition_key for p in plans)
             plans = [p for p in plans if p.partition_key == partition]
@@ -234,7 +238,7 @@ class Engine:
             return work, self._build_job(table, table_name, tplan, files, todo, task_id, work)
         except Exception as exc:
             for item in work:
-                abandon(table, self.ledger, item.attempt, f"could not start the rewrite: {_first_line(exc)}")
+                self._abandon(table, item.attempt, f"could not start the rewrite: {_first_line(exc)}")
             raise
 
     def _build_job(
@@ -319,7 +323,7 @@ class Engine:
         elif rows_out != attempt.rows_in:
             outcome.reason = f"row count mismatch: read {attempt.rows_in} rows, wrote {rows_out}"
         if outcome.reason:
-            abandon(table, self.ledger, attempt, outcome.reason)
+            outcome.reason = self._abandon(table, attempt, outcome.reason)
             return outcome
         bytes_out = sum(f.file_size_in_bytes for f in written)
         try:
@@ -327,8 +331,7 @@ class Engine:
                 attempt.attempt_id, [datafile_to_json(f) for f in written], rows_out, bytes_out
             )
         except StaleAttempt as exc:
-            abandon(table, self.ledger, attempt, f"stale: {exc}")
-            outcome.reason = str(exc)
+            outcome.reason = self._abandon(table, attempt, f"stale: {exc}")
             return outcome
         crash_point("after_prepare")
         outcome.status = "prepared"
@@ -336,6 +339,15 @@ class Engine:
         outcome.files_after = plan.stats.data_files - plan.input_files + len(written)
         outcome.bytes_after = plan.stats.data_bytes - plan.input_bytes + bytes_out
         return outcome
+
+    def _abandon(self, table: Table, attempt: Attempt, reason: str) -> str:
+        """End an attempt that will not commit; returns the reason to report. An attempt another
+        process already ended (recovery took it for dead) is left as that process left it."""
+        try:
+            abandon(table, self.ledger, attempt, reason)
+        except StaleAttempt as exc:
+            return f"{reason}; {exc}"
+        return reason
 
     def _commit(self, table: Table, prepared: list[tuple[_Work, PartitionOutcome]]) -> None:
         """Commit every prepared partition of the table in one snapshot; settle each outcome."""

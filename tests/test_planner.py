@@ -65,10 +65,17 @@ def test_groups_never_exceed_max_group_bytes():
     assert all(g.bytes <= 1000 * KB for g in plan.groups)
 
 
-def test_delete_files_leave_the_partition_alone():
-    plan = plan_partition("p=1", [*fragments(20), F("d", 1 * KB, is_delete=True)], POLICY, current_spec_id=0)
+def test_a_file_a_delete_file_can_apply_to_leaves_the_partition_alone():
+    files = fragments(20)
+    plan = plan_partition("p=1", files, POLICY, current_spec_id=0, with_deletes={files[3].path})
     assert not plan.worth_compacting
-    assert "delete file" in plan.reason
+    assert "delete files can apply to 1 file(s)" in plan.reason
+
+
+def test_a_delete_file_that_applies_to_no_file_of_the_partition_is_no_obstacle():
+    # e.g. a position delete that references a file of another partition, counted under this key
+    plan = plan_partition("p=1", [*fragments(20), F("d", 1 * KB, is_delete=True)], POLICY, current_spec_id=0)
+    assert plan.worth_compacting
 
 
 def test_old_spec_and_in_flight_files_are_not_candidates():

@@ -1,9 +1,10 @@
 """Two-phase commit of a rewrite.
 
 Precommit (engine): every result file is durable and the ledger row is PREPARED with the exact
-DataFile list. Commit (here): one Iceberg snapshot that deletes the sources and adds the results
-of one or more attempts of a table, tagged with their task and attempt ids, made only if every
-source is still live; then COMMITTED.
+DataFile list. Commit (here): one Iceberg `replace` snapshot that deletes the sources and adds the
+results of one or more attempts of a table, tagged with their task and attempt ids, made only if
+every source is still live and no position delete that can apply to one was added since the
+attempt's base snapshot (Java's RewriteFiles); then COMMITTED.
 A commit that gives way deletes the attempt's own files and ends ROLLED_BACK.
 """
 
@@ -11,10 +12,12 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from pyiceberg.exceptions import CommitFailedException, ValidationException
-from pyiceberg.expressions import AlwaysFalse
+from pyiceberg.io import FileIO
 from pyiceberg.manifest import (
     DataFile,
     DataFileContent,
@@ -23,11 +26,35 @@ from pyiceberg.manifest import (
     ManifestEntryStatus,
     ManifestFile,
 )
-from pyiceberg.table import Table, TableProperties
-from pyiceberg.table.snapshots import Operation, Snapshot
-from pyiceberg.table.update.snapshot import _ManifestMergeManager, _OverwriteFiles
-from pyiceberg.table.update.validate import _validate_data_files_exist, _validate_no_new_deletes_for_data_files
-from pyiceberg.typedef import KeyDefaultDict
+from pyiceberg.table import Table, TableProperties, Transaction
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.snapshots import (
+    ADDED_DATA_FILES,
+    ADDED_DELETE_FILES,
+    ADDED_EQUALITY_DELETES,
+    ADDED_FILE_SIZE,
+    ADDED_POSITION_DELETES,
+    ADDED_RECORDS,
+    CHANGED_PARTITION_COUNT_PROP,
+    DELETED_DATA_FILES,
+    DELETED_RECORDS,
+    REMOVED_DELETE_FILES,
+    REMOVED_EQUALITY_DELETES,
+    REMOVED_FILE_SIZE,
+    REMOVED_POSITION_DELETES,
+    TOTAL_DATA_FILES,
+    TOTAL_DELETE_FILES,
+    TOTAL_EQUALITY_DELETES,
+    TOTAL_FILE_SIZE,
+    TOTAL_POSITION_DELETES,
+    TOTAL_RECORDS,
+    Operation,
+    Snapshot,
+    SnapshotSummaryCollector,
+    Summary,
+)
+from pyiceberg.table.update.snapshot import _ManifestMergeManager, _OverwriteFiles  # pyiceberg 0.12 private
+from pyiceberg.typedef import EMPTY_DICT, KeyDefaultDict
 from pyiceberg.utils.concurrent import ExecutorFactory
 from pyiceberg.utils.properties import property_as_bool, property_as_int
 
@@ -36,8 +63,9 @@ from compaction_assets.errors import BackOff
 from compaction_assets.faults import crash_point
 from compaction_assets.gc_pause import gc_paused
 from compaction_assets.lake.datafile_codec import datafile_from_json
-from compaction_assets.lake.files import LiveFile, live_files
-from compaction_assets.lake.manifest_cache import manifest_contents
+from compaction_assets.lake.deletes import DeleteIndex
+from compaction_assets.lake.files import live_files
+from compaction_assets.lake.manifest_cache import live_entries, manifest_contents
 from compaction_assets.lake.manifest_io import ManifestContents, write_restated
 from compaction_assets.lake.storage import PathSet, delete_unreferenced, files_with_prefix
 
@@ -77,8 +105,8 @@ def commit_prepared(table: Table, ledger: Ledger, attempt: Attempt) -> Attempt:
 def commit_together(
     table: Table, ledger: Ledger, attempts: Sequence[Attempt], results: dict[str, CommitResult]
 ) -> None:
-    """Swap sources for results of every PREPARED attempt of one table in one snapshot, so
-    partitions that finish together cost the table one commit, not one each.
+    """Swap sources for results of every PREPARED attempt of one table in one `replace` snapshot,
+    so partitions that finish together cost the table one commit, not one each.
 
     `results` gets, per attempt id, the COMMITTED attempt, or the BackOff of an attempt that had
     to roll back, or the StaleAttempt of one another process ended. It is filled as attempts are
@@ -86,10 +114,10 @@ def commit_together(
     unsettled attempts is unknown and they stay PREPARED for recovery).
 
     Each try starts from the catalog's current state: an attempt a snapshot already carries (a
-    concurrent recovery committed it) is confirmed; one whose sources are no longer live, or whose
-    partition gained a delete file (rewriting would resurrect deleted rows), rolls back alone.
-    pyiceberg validates, at commit and on its own retries, that the replaced files still exist and
-    gained no delete files (RewriteFiles semantics, see _RewriteFiles); appends do not conflict.
+    concurrent recovery committed it) is confirmed; one whose sources are no longer live, or that
+    a position delete added after its base snapshot can apply to, rolls back alone. The same
+    checks run again inside every commit try, pyiceberg's own retries included (_RewriteFiles);
+    appends and equality deletes do not conflict (results take their base's data sequence number).
     """
     pending = list(attempts)
 
@@ -105,10 +133,14 @@ def commit_together(
         table.refresh()
         for attempt in [a for a in pending if commit_snapshot(table, a) is not None]:
             settle(attempt, lambda a=attempt: confirm_committed(table, ledger, a))
-        files = live_files(table)
-        live = {f.path: f.data_file for f in files if not f.is_delete}
+        live = {f.path: f.data_file for f in live_files(table) if not f.is_delete}
+        head = table.current_snapshot()
+        head_id = head.snapshot_id if head else None
+        added_since = KeyDefaultDict(
+            lambda base, head_id=head_id: _deletes_added_since(table.metadata, table.io, base, head_id)
+        )
         for attempt in list(pending):
-            if reason := _conflict(attempt, files, live):
+            if reason := _conflict(attempt, live, added_since):
                 settle(attempt, lambda a=attempt, r=reason: roll_back(table, ledger, a, r))
         if not pending:
             return
@@ -131,24 +163,110 @@ def commit_together(
             settle(attempt, lambda a=attempt, r=reason: roll_back(table, ledger, a, r))
 
 
-def _conflict(attempt: Attempt, files: list[LiveFile], live: dict[str, DataFile]) -> str | None:
+def _conflict(
+    attempt: Attempt, live: dict[str, DataFile], added_since: Mapping[int | None, list[DataFile]]
+) -> str | None:
+    """Why the attempt cannot commit on the current head, or None."""
     missing = [p for p in attempt.source_files if p not in live]
     if missing:
         return (
             f"{len(missing)} of {len(attempt.source_files)} source file(s) are no longer live "
             f"(e.g. {missing[0]}): a concurrent change replaced them"
         )
-    if deletes := [f.path for f in files if f.is_delete and f.partition_key == attempt.partition_key]:
-        return f"delete file(s) appeared in the partition, e.g. {deletes[0]}"
+    try:
+        added = added_since[attempt.base_snapshot_id]
+    except ValidationException as exc:
+        return str(exc)
+    return _delete_conflict([live[p] for p in attempt.source_files], added)
+
+
+def _deletes_added_since(
+    metadata: TableMetadata, io: FileIO, base_snapshot_id: int | None, head_snapshot_id: int | None
+) -> list[DataFile]:
+    """The delete files the snapshots after the base, up to and including the head, added: the
+    ADDED entries of the delete manifests each of them wrote (as Java's MergingSnapshotProducer
+    validationHistory reads them).
+
+    Raises ValidationException when that history cannot be read: no base recorded, the base
+    expired, or the base is no ancestor of the head (a rollback, or snapshots between expired).
+    """
+    if base_snapshot_id is None or metadata.snapshot_by_id(base_snapshot_id) is None:
+        raise ValidationException(
+            f"base snapshot {base_snapshot_id} is not in the table's metadata (expired?): "
+            "cannot tell which delete files were added since"
+        )
+    added: list[DataFile] = []
+    snapshot_id = head_snapshot_id
+    while snapshot_id != base_snapshot_id:
+        snapshot = metadata.snapshot_by_id(snapshot_id) if snapshot_id is not None else None
+        if snapshot is None:
+            raise ValidationException(
+                f"cannot read the history from base snapshot {base_snapshot_id} to head {head_snapshot_id}: "
+                f"snapshot {snapshot_id} is missing (the base is no ancestor of the head, or history expired)"
+            )
+        for manifest in [] if _only_appends_data(snapshot) else snapshot.manifests(io):
+            if manifest.content == ManifestContent.DELETES and manifest.added_snapshot_id == snapshot.snapshot_id:
+                added.extend(
+                    e.data_file
+                    for e in live_entries(manifest, io)
+                    if e.status == ManifestEntryStatus.ADDED and e.snapshot_id == snapshot.snapshot_id
+                )
+        snapshot_id = snapshot.parent_snapshot_id
+    return added
+
+
+def _only_appends_data(snapshot: Snapshot) -> bool:
+    """An `append` that says it added no delete file (the spec's append adds data files only):
+    its manifest list need not be read, which keeps a long window of streaming appends cheap."""
+    summary = snapshot.summary
+    return summary is not None and summary.operation == Operation.APPEND and not summary[ADDED_DELETE_FILES]
+
+
+def _delete_conflict(replaced: Sequence[DataFile], added_deletes: Sequence[DataFile]) -> str | None:
+    """A position delete added after the base that can apply to a replaced file, described; else None.
+
+    Equality deletes added after the base are no conflict: the results carry the base's data
+    sequence number, so those deletes apply to the rewritten rows as they did to the replaced ones
+    (Java's RewriteFiles ignores them once `dataSequenceNumber` is set)."""
+    index = DeleteIndex(d for d in added_deletes if d.content == DataFileContent.POSITION_DELETES)
+    if not index:
+        return None
+    for data_file in replaced:
+        if applying := index.for_data_file(data_file):
+            return (
+                f"position delete file {applying[0].file_path}, added after the base snapshot, can apply to "
+                f"source {data_file.file_path}: rewriting it would bring deleted rows back"
+            )
     return None
 
 
-class _RewriteFiles(_OverwriteFiles):
-    """An overwrite with Iceberg RewriteFiles semantics.
+@dataclass(frozen=True)
+class _Rewrite:
+    """One attempt's part of a commit: files replaced, files added, and the base it was planned on."""
 
-    Validation: rows appended concurrently are no conflict for a rewrite (pyiceberg's
-    serializable check says they are); replaced files that vanished, or gained delete files,
-    are. pyiceberg re-runs this on every commit retry.
+    base_snapshot_id: int
+    data_sequence_number: int | None  # the base's; None in a format-version-1 table (no sequence numbers)
+    replaced: list[DataFile]
+    added: list[DataFile]
+
+
+class _RewriteFiles(_OverwriteFiles):
+    """A `replace` snapshot with Iceberg RewriteFiles semantics (Java's BaseRewriteFiles and
+    MergingSnapshotProducer), built on pyiceberg 0.12's private _OverwriteFiles: pyiceberg 0.12
+    has no public producer for it (the upstream proposal, iceberg-python #3130 / PR #3131, adds
+    `UpdateSnapshot.replace()`; drop this class for it once released).
+
+    Validation, on every commit try (pyiceberg calls `_manifests` again on each of its retries,
+    with the refreshed head as parent): every replaced file is live in the parent, and no position
+    delete file that can apply to one (lake.deletes) was added after its attempt's base snapshot.
+    Rows appended concurrently are no conflict (pyiceberg's own serializable check says they are:
+    `_validate_concurrency` is replaced, since its window starts at the head this producer was
+    created on, not at the attempts' bases).
+
+    Added files: one manifest per partition spec, each entry with its attempt's base snapshot's
+    data sequence number (Java's `dataSequenceNumber(startingSnapshot.sequenceNumber())`), so an
+    equality delete committed after the base still applies to the rewritten rows; the file
+    sequence number is inherited (this snapshot's).
 
     Manifests: merged as Java Iceberg's rewrite does (`commit.manifest-merge.enabled`, default
     true there, and here), so the one-manifest-per-append trail of a streaming writer is folded
@@ -156,13 +274,29 @@ class _RewriteFiles(_OverwriteFiles):
 
     Manifest entries: read through the process's manifest cache, where the conflict check has
     just put them, and restated from the bytes read where the manifest allows (lake.manifest_io:
-    no per-entry Avro encoding in Python). `_manifests` keeps pyiceberg's shape and checks; the
-    added files' manifest is written by pyiceberg's writer as before. For a 5,000-file rewrite,
-    decoding the parent's manifests again was 0.9 s and encoding the DELETED entries 0.3 s of a
-    1.2 s commit.
+    no per-entry Avro encoding in Python). For a 5,000-file rewrite, decoding the parent's
+    manifests again was 0.9 s and encoding the DELETED entries 0.3 s of a 1.2 s commit.
+
+    Summary: computed here, since pyiceberg 0.12's update_snapshot_summaries refuses `replace`.
     """
 
+    def __init__(
+        self, transaction: Transaction, io: FileIO, rewrites: Sequence[_Rewrite], snapshot_properties: dict[str, str]
+    ) -> None:
+        super().__init__(
+            operation=Operation.REPLACE, transaction=transaction, io=io, snapshot_properties=snapshot_properties
+        )
+        self._rewrites = list(rewrites)
+        self._data_sequence_numbers: dict[str, int | None] = {}
+        for rewrite in rewrites:
+            for data_file in rewrite.replaced:
+                self.delete_data_file(data_file)
+            for data_file in rewrite.added:
+                self.append_data_file(data_file)
+                self._data_sequence_numbers[data_file.file_path] = rewrite.data_sequence_number
+
     def _manifests(self) -> list[ManifestFile]:
+        self._validate_no_new_deletes()
         self._build_delete_files_partition_predicate()
         replaced = [(c, p) for _, c, p in self._scan(self._parent_snapshot_id) if p]
         self._validate_required_deletes([contents.entries[i] for contents, positions in replaced for i in positions])
@@ -171,6 +305,18 @@ class _RewriteFiles(_OverwriteFiles):
         deleted = executor.submit(self._restated_manifests, replaced, ManifestEntryStatus.DELETED)
         existing = executor.submit(self._existing_manifests)
         return self._process_manifests(added.result() + deleted.result() + existing.result())
+
+    def _validate_concurrency(self) -> None:
+        """Nothing here: `_manifests` validates every try against the attempts' own bases."""
+
+    def _validate_no_new_deletes(self) -> None:
+        """Raise ValidationException if a position delete added after an attempt's base can apply
+        to one of the files it replaces (the parent is the head this try commits on)."""
+        metadata = self._transaction.table_metadata
+        for rewrite in self._rewrites:
+            added = _deletes_added_since(metadata, self._io, rewrite.base_snapshot_id, self._parent_snapshot_id)
+            if reason := _delete_conflict(rewrite.replaced, added):
+                raise ValidationException(reason)
 
     def _scan(self, snapshot_id: int | None) -> list[tuple[ManifestFile, ManifestContents, list[int]]]:
         """The snapshot's manifests, each with its cached contents and the positions of the
@@ -195,20 +341,25 @@ class _RewriteFiles(_OverwriteFiles):
         return scanned
 
     def _added_manifests(self) -> list[ManifestFile]:
-        if not self._added_data_files:
-            return []
-        with self.new_manifest_writer(spec=self._transaction.table_metadata.spec()) as writer:
-            for data_file in self._added_data_files:
-                writer.add(
-                    ManifestEntry.from_args(
-                        status=ManifestEntryStatus.ADDED,
-                        snapshot_id=self._snapshot_id,
-                        sequence_number=None,
-                        file_sequence_number=None,
-                        data_file=data_file,
+        """The added files, one manifest per their own partition spec, with their data sequence numbers."""
+        by_spec: dict[int, list[DataFile]] = {}
+        for data_file in self._added_data_files:
+            by_spec.setdefault(data_file.spec_id, []).append(data_file)
+        manifests = []
+        for spec_id, data_files in by_spec.items():
+            with self.new_manifest_writer(spec=self.spec(spec_id)) as writer:
+                for data_file in data_files:
+                    writer.add_entry(
+                        ManifestEntry.from_args(
+                            status=ManifestEntryStatus.ADDED,
+                            snapshot_id=self._snapshot_id,
+                            sequence_number=self._data_sequence_numbers[data_file.file_path],
+                            file_sequence_number=None,
+                            data_file=data_file,
+                        )
                     )
-                )
-        return [writer.to_manifest_file()]
+            manifests.append(writer.to_manifest_file())
+        return manifests
 
     def _restated_manifests(
         self, parts: list[tuple[ManifestContents, list[int]]], status: ManifestEntryStatus
@@ -269,14 +420,29 @@ class _RewriteFiles(_OverwriteFiles):
         deletes = [m for m in manifests if m.content == ManifestContent.DELETES]
         return merger.merge_manifests(data) + deletes
 
-    def _validate_concurrency(self) -> None:
-        window = self._commit_window
-        if window is None or window.is_empty() or window.head is None:
-            return
-        table = self._transaction._table
-        predicate = self._predicate if self._predicate != AlwaysFalse() else None
-        _validate_data_files_exist(table, window.head, self._deleted_data_files, window.base)
-        _validate_no_new_deletes_for_data_files(table, window.head, predicate, self._deleted_data_files, window.base)
+    def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
+        """Java's snapshot summary for a rewrite: what was added and removed (each file counted in
+        its own spec's partition), and the parent's totals carried forward."""
+        metadata = self._transaction.table_metadata
+        schema, specs = metadata.schema(), metadata.specs()
+        limit = property_as_int(
+            metadata.properties,
+            TableProperties.WRITE_PARTITION_SUMMARY_LIMIT,
+            TableProperties.WRITE_PARTITION_SUMMARY_LIMIT_DEFAULT,
+        )
+        collector = SnapshotSummaryCollector(partition_summary_limit=limit or 0)
+        for data_file in self._added_data_files:
+            collector.add_file(data_file, schema, specs[data_file.spec_id])
+        for data_file in self._deleted_data_files:
+            collector.remove_file(data_file, schema, specs[data_file.spec_id])
+        changes = collector.build()
+        # Java counts the unpartitioned spec's one partition (path ""); pyiceberg's collector skips it
+        files = [*self._added_data_files, *self._deleted_data_files]
+        if changed := len(collector.partition_metrics) + any(len(f.partition) == 0 for f in files):
+            changes[CHANGED_PARTITION_COUNT_PROP] = str(changed)
+        parent = metadata.snapshot_by_id(self._parent_snapshot_id) if self._parent_snapshot_id is not None else None
+        totals = _carried_totals(parent.summary if parent is not None else None, changes)
+        return Summary(operation=self._operation, **changes, **totals, **snapshot_properties)
 
 
 def _restated(entry: ManifestEntry, status: ManifestEntryStatus, snapshot_id: int | None) -> ManifestEntry:
@@ -290,19 +456,55 @@ def _restated(entry: ManifestEntry, status: ManifestEntryStatus, snapshot_id: in
     )
 
 
+# total property, its added property, its removed property (as pyiceberg's update_snapshot_summaries)
+_TOTALS = (
+    (TOTAL_DATA_FILES, ADDED_DATA_FILES, DELETED_DATA_FILES),
+    (TOTAL_DELETE_FILES, ADDED_DELETE_FILES, REMOVED_DELETE_FILES),
+    (TOTAL_RECORDS, ADDED_RECORDS, DELETED_RECORDS),
+    (TOTAL_FILE_SIZE, ADDED_FILE_SIZE, REMOVED_FILE_SIZE),
+    (TOTAL_POSITION_DELETES, ADDED_POSITION_DELETES, REMOVED_POSITION_DELETES),
+    (TOTAL_EQUALITY_DELETES, ADDED_EQUALITY_DELETES, REMOVED_EQUALITY_DELETES),
+)
+
+
+def _carried_totals(previous: Mapping[str, Any] | None, changes: Mapping[str, str]) -> dict[str, str]:
+    """The parent's totals plus what was added, minus what was removed. A total the parent does
+    not state (another engine left it out), or cannot be parsed, is left out too, as Java does."""
+    totals = {}
+    for total, added, removed in _TOTALS:
+        before = "0" if previous is None else previous.get(total)
+        try:
+            value = int(before) + int(changes.get(added, 0)) - int(changes.get(removed, 0))  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            continue
+        if value >= 0:
+            totals[total] = str(value)
+    return totals
+
+
 def _commit_once(table: Table, attempts: Sequence[Attempt], live: dict[str, DataFile]) -> None:
+    """One commit of every attempt (pyiceberg retries it on a concurrent commit, see _RewriteFiles)."""
     properties = {
         TASK_ID_PROPERTY: ",".join(a.task_id for a in attempts),
         ATTEMPT_ID_PROPERTY: ",".join(a.attempt_id for a in attempts),
     }
+    metadata = table.metadata
+    rewrites = []
+    for attempt in attempts:
+        base = metadata.snapshot_by_id(attempt.base_snapshot_id) if attempt.base_snapshot_id is not None else None
+        if base is None:  # _conflict rolled such attempts back; the base expired in between
+            raise ValidationException(f"base snapshot {attempt.base_snapshot_id} of {attempt.attempt_id} is gone")
+        rewrites.append(
+            _Rewrite(
+                base_snapshot_id=base.snapshot_id,
+                data_sequence_number=base.sequence_number if metadata.format_version >= 2 else None,
+                replaced=[live[p] for p in attempt.source_files],
+                added=[datafile_from_json(doc) for doc in attempt.result_files],
+            )
+        )
     txn = table.transaction()
-    rewrite = _RewriteFiles(operation=Operation.OVERWRITE, transaction=txn, io=table.io, snapshot_properties=properties)
-    with rewrite as overwrite:
-        for attempt in attempts:
-            for path in attempt.source_files:
-                overwrite.delete_data_file(live[path])
-            for doc in attempt.result_files:
-                overwrite.append_data_file(datafile_from_json(doc))
+    with _RewriteFiles(txn, table.io, rewrites, properties):
+        pass
     txn.commit_transaction()
 
 

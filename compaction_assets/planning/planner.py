@@ -4,10 +4,12 @@ Minor compaction bin-packs fragments (files <= target/fragment_ratio) into group
 target file. Packing counts each file's column data bytes (its manifest column sizes), not its
 size on disk: a tiny file is mostly footer, which merging removes. Major compaction rewrites
 every undersized file (< min_target_size_ratio x target) in groups of at most max_group_bytes,
-writing target-size files. Partitions with delete files
-or with only files of an older partition spec are left alone, with the reason; so is every
-partition of a table the caller refuses (e.g. a format it cannot commit), with its reason.
-Files are grouped by partition id (spec id, typed values), never by their rendered key.
+writing target-size files. A partition with a file that some delete file can apply to (any
+delete file of the table: same partition tuple, global, or referencing the file; decided by
+lake.deletes, the rule the commit validates with) or with only files of an older partition spec
+is left alone, with the reason; so is every partition of a table the caller refuses (e.g. a
+format it cannot commit), with its reason. Files are grouped by partition id (spec id, typed
+values), never by their rendered key.
 """
 
 from __future__ import annotations
@@ -130,18 +132,21 @@ def plan_partition(
     policy: Policy,
     current_spec_id: int,
     in_flight: Collection[str] = (),
+    with_deletes: Collection[str] = (),
     refused: str = "",
 ) -> PartitionPlan:
-    """Decide minor, major or nothing for one partition, and group its files. A non-empty
-    `refused` is why the table is not compacted at all: the plan is nothing, with that reason."""
+    """Decide minor, major or nothing for one partition, and group its files. `with_deletes`:
+    paths of the data files a delete file can apply to (rewriting them would bring deleted rows
+    back, or make a delete older than the result stop applying). A non-empty `refused` is why the
+    table is not compacted at all: the plan is nothing, with that reason."""
     stats = partition_stats(partition_key, files, policy)
     if refused:
         return PartitionPlan(stats, None, reason=refused)
     if not policy.enabled:
         return PartitionPlan(stats, None, reason="compaction is paused for this table (compaction.enabled=false)")
-    if stats.delete_files:
+    if deleted := sum(not f.is_delete and f.path in with_deletes for f in files):
         return PartitionPlan(
-            stats, None, reason=f"{stats.delete_files} delete file(s) present: left alone (deletes are not rewritten)"
+            stats, None, reason=f"delete files can apply to {deleted} file(s): left alone (deletes are not rewritten)"
         )
     candidates = [f for f in files if f.spec_id == current_spec_id and f.path not in in_flight]
     fragments = [f for f in candidates if f.size <= policy.fragment_max_bytes]
@@ -169,6 +174,7 @@ def plan_table(
     policy: Policy,
     current_spec_id: int,
     in_flight: Collection[str] = (),
+    with_deletes: Collection[str] = (),
     refused: str = "",
 ) -> list[PartitionPlan]:
     """Plan every partition (files grouped by partition id); best benefit first, then partition key.
@@ -184,7 +190,7 @@ def plan_table(
     if clashes := sorted(k for k, n in keys.items() if n > 1):
         raise ValueError(f"partition key {clashes[0]!r} names {keys[clashes[0]]} different partitions")
     plans = [
-        plan_partition(v[0].partition_key, v, policy, current_spec_id, in_flight, refused)
+        plan_partition(v[0].partition_key, v, policy, current_spec_id, in_flight, with_deletes, refused)
         for v in by_partition.values()
     ]
     return sorted(plans, key=lambda p: (-p.benefit, p.partition_key))

@@ -1,0 +1,88 @@
+"""Which delete files can apply to which data files: one rule for the planner and the commit.
+
+The Iceberg spec ("Scan Planning") applies a delete file to a data file of the same partition
+(spec id and partition tuple), or to every data file when the delete file's spec is unpartitioned
+(a global delete); a position delete file that references one data file applies to that file
+only. Sequence numbers then decide which of those deletes still delete rows; the callers decide
+that part (the planner keeps any file a live delete can apply to out of a rewrite; the commit looks
+only at deletes added after its base snapshot).
+
+The partition match is widened on purpose: a partition-scoped delete counts for every data file
+with an equal partition tuple, whatever the spec ids. That is a superset of the spec's rule, so it
+can only keep more files out of a rewrite or make more commits back off, never let a delete that
+applies go unseen.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from pyiceberg.manifest import DataFile, DataFileContent
+from pyiceberg.typedef import Record
+
+FILE_PATH_FIELD_ID = 2147483546  # the file_path column of a position delete file (Iceberg spec reserved id)
+_NAN = object()  # NaN partition values are one partition (NaN != NaN would make each its own)
+
+
+def referenced_data_file(delete_file: DataFile) -> str | None:
+    """The one data file a position delete file references, if its file_path column's lower and
+    upper bounds are equal (as Java's ContentFileUtil.referencedDataFile). pyiceberg 0.12 reads
+    manifests with the v2 entry schema, which drops `referenced_data_file`; a delete file that
+    only says so there counts as partition-scoped: a superset, so still safe."""
+    if delete_file.content != DataFileContent.POSITION_DELETES:
+        return None
+    lower = (delete_file.lower_bounds or {}).get(FILE_PATH_FIELD_ID)
+    upper = (delete_file.upper_bounds or {}).get(FILE_PATH_FIELD_ID)
+    if lower is None or lower != upper:
+        return None
+    try:
+        return lower.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def _tuple(partition: Record) -> tuple[Any, ...]:
+    return tuple(
+        _NAN if isinstance(v, float) and math.isnan(v) else v for v in (partition[i] for i in range(len(partition)))
+    )
+
+
+class DeleteIndex:
+    """Delete files indexed for "which of them can apply to this data file" (see the module doc)."""
+
+    def __init__(self, delete_files: Iterable[DataFile]) -> None:
+        self._by_path: dict[str, list[DataFile]] = {}
+        self._by_partition: dict[tuple[Any, ...], list[DataFile]] = {}
+        self._global: list[DataFile] = []
+        for delete_file in delete_files:
+            if delete_file.content == DataFileContent.DATA:
+                raise ValueError(f"not a delete file: {delete_file.file_path}")
+            if (path := referenced_data_file(delete_file)) is not None:
+                self._by_path.setdefault(path, []).append(delete_file)
+            elif len(delete_file.partition) == 0:  # unpartitioned spec: applies to every data file
+                self._global.append(delete_file)
+            else:
+                self._by_partition.setdefault(_tuple(delete_file.partition), []).append(delete_file)
+
+    def __bool__(self) -> bool:
+        return bool(self._by_path or self._by_partition or self._global)
+
+    def for_data_file(self, data_file: DataFile) -> list[DataFile]:
+        """The delete files that can apply to `data_file`, whatever the sequence numbers."""
+        if not self:
+            return []
+        return [
+            *self._by_path.get(data_file.file_path, ()),
+            *self._by_partition.get(_tuple(data_file.partition), ()),
+            *self._global,
+        ]
+
+
+def files_with_deletes(data_files: Iterable[DataFile], delete_files: Iterable[DataFile]) -> set[str]:
+    """Paths of the data files that some of `delete_files` can apply to."""
+    index = DeleteIndex(delete_files)
+    if not index:
+        return set()
+    return {f.file_path for f in data_files if index.for_data_file(f)}
