@@ -7,7 +7,6 @@ import struct
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
 from pyiceberg.expressions import EqualTo, IsNull
 from pyiceberg.io.pyarrow import _dataframe_to_data_files
 from pyiceberg.typedef import Record
@@ -119,12 +118,6 @@ def test_signed_zero_float_partitions_stay_apart(lake):
     _compacts_each_float_partition_exactly(lake, "ns.f", amounts, ["amount=-0.0", "amount=0.0", "amount=1.5"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="commit path (commit/two_phase.py _RewriteFiles._manifests): pyiceberg's _build_partition_predicate "
-    "builds EqualTo(NaN), which raises, so the whole table's commit fails and its attempts stay PREPARED",
-)
 def test_nan_float_partition_compacts(lake):
     amounts = [math.nan, 1.5]
     _float_partitioned(lake, "ns.f", amounts)

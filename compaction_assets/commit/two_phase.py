@@ -11,12 +11,14 @@ A commit that gives way deletes the attempt's own files and ends ROLLED_BACK.
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pyiceberg.exceptions import CommitFailedException, ValidationException
+from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, EqualTo, IsNaN, IsNull, Or, Reference
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import (
     DataFile,
@@ -54,7 +56,7 @@ from pyiceberg.table.snapshots import (
     Summary,
 )
 from pyiceberg.table.update.snapshot import _ManifestMergeManager, _OverwriteFiles  # pyiceberg 0.12 private
-from pyiceberg.typedef import EMPTY_DICT, KeyDefaultDict
+from pyiceberg.typedef import EMPTY_DICT, KeyDefaultDict, Record
 from pyiceberg.utils.concurrent import ExecutorFactory
 from pyiceberg.utils.properties import property_as_bool, property_as_int
 
@@ -309,6 +311,20 @@ class _RewriteFiles(_OverwriteFiles):
     def _validate_concurrency(self) -> None:
         """Nothing here: `_manifests` validates every try against the attempts' own bases."""
 
+    def _build_delete_files_partition_predicate(self) -> None:
+        """The replaced files' partitions, per spec, to skip manifests that cannot hold one: pyiceberg's
+        own, except that a NaN value is matched by IsNaN (its EqualTo(NaN) raises)."""
+        by_spec: dict[int, list[Record]] = {}
+        for data_file in self._deleted_data_files:
+            by_spec.setdefault(data_file.spec_id, []).append(data_file.partition)
+        for spec_id, records in by_spec.items():
+            names = [f.name for f in self.spec(spec_id).fields]
+            if not names:
+                self.partition_filters[spec_id] = AlwaysTrue()
+                continue
+            matches = [And(AlwaysTrue(), *(_value_predicate(n, r[i]) for i, n in enumerate(names))) for r in records]
+            self.partition_filters[spec_id] = Or(self.partition_filters[spec_id], *matches)
+
     def _validate_no_new_deletes(self) -> None:
         """Raise ValidationException if a position delete added after an attempt's base can apply
         to one of the files it replaces (the parent is the head this try commits on)."""
@@ -443,6 +459,14 @@ class _RewriteFiles(_OverwriteFiles):
         parent = metadata.snapshot_by_id(self._parent_snapshot_id) if self._parent_snapshot_id is not None else None
         totals = _carried_totals(parent.summary if parent is not None else None, changes)
         return Summary(operation=self._operation, **changes, **totals, **snapshot_properties)
+
+
+def _value_predicate(name: str, value: Any) -> BooleanExpression:
+    if value is None:
+        return IsNull(Reference(name))
+    if isinstance(value, float) and math.isnan(value):
+        return IsNaN(Reference(name))
+    return EqualTo(Reference(name), value)
 
 
 def _restated(entry: ManifestEntry, status: ManifestEntryStatus, snapshot_id: int | None) -> ManifestEntry:
