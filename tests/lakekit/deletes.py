@@ -34,9 +34,9 @@ from pyiceberg.manifest import (
 )
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
-from pyiceberg.table.snapshots import Operation
+from pyiceberg.table.snapshots import Operation, SnapshotSummaryCollector, Summary, update_snapshot_summaries
 from pyiceberg.table.update.snapshot import _FastAppendFiles
-from pyiceberg.typedef import Record, TableVersion
+from pyiceberg.typedef import EMPTY_DICT, Record, TableVersion
 from pyiceberg.types import IntegerType, ListType, NestedField, StructType
 
 FILE_PATH_ID = 2147483546  # reserved field ids of a position-delete file (Iceberg spec)
@@ -76,6 +76,19 @@ def _int_equality_ids(data_file: NestedField) -> NestedField:
 
 class _AddDeleteFiles(_FastAppendFiles):
     """A fast append whose added files are delete files: one DELETES manifest per spec."""
+
+    def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
+        """pyiceberg's summary, with each file's partition rendered by its own spec (pyiceberg 0.12
+        renders added files by the default spec: IndexError for a file of an older, wider spec)."""
+        metadata = self._transaction.table_metadata
+        collector = SnapshotSummaryCollector()
+        for delete_file in self._added_data_files:
+            collector.add_file(delete_file, metadata.schema(), metadata.specs()[delete_file.spec_id])
+        parent = metadata.snapshot_by_id(self._parent_snapshot_id) if self._parent_snapshot_id is not None else None
+        return update_snapshot_summaries(
+            summary=Summary(operation=self._operation, **collector.build(), **snapshot_properties),
+            previous_summary=parent.summary if parent is not None else None,
+        )
 
     def _manifests(self) -> list[ManifestFile]:
         metadata = self._transaction.table_metadata
