@@ -126,3 +126,13 @@ def test_equality_delete_landing_inside_our_commit(spark, tmp_path):
         step(
             machine, "compact_while_another_engine_commits", kind="equality_delete", at="in_commit", region="eu", pick=0
         )
+
+
+@pytest.mark.xfail(strict=True, reason="issue 15 defect 4: recovery raises once the spec changed after precommit")
+def test_recovery_of_a_prepared_attempt_after_the_spec_changed(spark, tmp_path):
+    """Found by the machine: crash after precommit, another engine swaps the spec, recovery."""
+    with history(spark, tmp_path) as machine:
+        step(machine, "seed_rows", region="null", files=4)
+        step(machine, "compact_and_crash", point="after_prepare", region="eu", pick=11)
+        step(machine, "evolve_spec", which=2)
+        step(machine, "recover")

@@ -3,7 +3,10 @@ schema and spec changes, and our compaction (crashing, raced) and GC, against an
 every writer was told were committed.
 
 Real everything: a pyiceberg SQL catalog and task ledger in SQLite files, real Parquet and delete
-files, the project's Engine on a real local Spark session, DuckDB's Iceberg scan as a second reader.
+files, the project's Engine on a real local Spark session. Readers: a spec-literal reader always,
+DuckDB's Iceberg scan and pyiceberg (with partition and data-column filters) while the table has no
+equality deletes (pyiceberg refuses them, DuckDB 1.4.4 mis-reads some: tests/test_lakekit.py).
+Recovery runs as the recovery job does, with a 0 s timeout so this process's attempts count as dead.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from pyiceberg.types import IntegerType, LongType, NestedField, StringType
 
 from compaction_assets import faults
 from compaction_assets.commit.ledger import OPEN, Status
-from compaction_assets.commit.recovery import recover
+from compaction_assets.commit.recovery import recover as recover_attempts
 from compaction_assets.config import load_config
 from compaction_assets.demo import append_fragments
 from compaction_assets.engine import Engine
@@ -54,9 +57,15 @@ SCHEMA = Schema(
     NestedField(PAYLOAD, "payload", StringType(), required=False),
 )
 BY_REGION = PartitionSpec(PartitionField(source_id=REGION, field_id=1000, transform=IdentityTransform(), name="region"))
+# Exploring past a known failure: STATEFUL_SKIP=add_files_file1,race_expire,crash_after_prepare,... turns
+# those steps into no-ops; region_null_string leaves 'null' out of the partition values.
+SKIP = set(filter(None, os.environ.get("STATEFUL_SKIP", "").split(",")))
 # NULL and the string 'null' must stay apart; the rest are escaped in partition paths and URIs
-REGIONS = [None, "null", "", "eu", "a/b", "50%", "x+y", "sp ace", "ünï=1"]
-CATS = [0, 1, 2, None]
+REGIONS = [
+    v
+    for v in [None, "null", "", "eu", "a/b", "50%", "x+y", "sp ace", "ünï=1"]
+    if v != "null" or "region_null_string" not in SKIP
+]
 PAYLOAD_NAMES = ["payload", "body", "päyload"]  # rename targets of column 4
 EXTRA_NAMES = ["x1", "x2"]
 # Points an in-process test can reach (worker_mid_group runs in a Spark Python worker process).
@@ -70,11 +79,7 @@ RACES = [
     "spec_change",
     "schema_change",
 ]
-RACE_AT = ["after_prepare", "in_commit"]
-# Exploring past a known failure: STATEFUL_SKIP=add_files_file1,race_expire,... turns those steps into no-ops.
-SKIP = set(
-    filter(None, os.environ.get("STATEFUL_SKIP", "").split(","))
-)  # before our commit's first try / between its check and CAS
+RACE_AT = ["after_prepare", "in_commit"]  # before our commit's first try / between its check and CAS
 
 
 @dataclass
@@ -399,7 +404,7 @@ class TableHistory(RuleBasedStateMachine):
     def recover(self) -> None:
         if not self._count("recover"):
             return
-        report = recover(self.engine.catalog, self.engine.ledger, 0)  # in-process attempts count as dead
+        report = recover_attempts(self.engine.catalog, self.engine.ledger, 0)  # in-process attempts count as dead
         assert not report.errors, report.errors
         self.pending_recovery = False
         self.assert_no_open_attempts()
@@ -530,7 +535,7 @@ class TableHistory(RuleBasedStateMachine):
     def teardown(self) -> None:
         try:
             if self.pending_recovery or self.engine.ledger.attempts(statuses=[Status.PREPARED, Status.EXECUTING]):
-                recover(self.engine.catalog, self.engine.ledger, 0)
+                recover_attempts(self.engine.catalog, self.engine.ledger, 0)
                 self.assert_no_open_attempts()
                 self.rows_equal_the_oracle()
         finally:
