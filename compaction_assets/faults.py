@@ -2,10 +2,14 @@
 
 Setting COMPACTION_CRASH_AT=<point> makes the process die (as with kill -9: no cleanup, no
 finally blocks) the moment it reaches that point. Unset, a crash point costs one dict lookup.
+In-process tests `arm` a point instead: reaching it runs an action once (by default raises
+InjectedCrash, a BaseException no `except Exception` swallows), e.g. to simulate the process dying
+there without killing the test runner, or to land another writer's commit at that moment.
 """
 
 import os
 import sys
+from collections.abc import Callable
 
 CRASH_ENV = "COMPACTION_CRASH_AT"
 CRASH_EXIT_CODE = 137
@@ -20,10 +24,35 @@ POINTS = (
 )
 
 
-def crash_point(name: str) -> None:
-    """Die immediately if COMPACTION_CRASH_AT names this point."""
+_armed: dict[str, Callable[[], None]] = {}
+
+
+class InjectedCrash(BaseException):  # noqa: N818 - it stands for a death, not an error
+    """Raised by an armed crash point: the in-process stand-in for the process dying there."""
+
+
+def arm(name: str, action: Callable[[], None] | None = None) -> None:
+    """Run `action` (default: raise InjectedCrash) the next time this process reaches the point."""
     if name not in POINTS:
         raise ValueError(f"unknown crash point {name!r}; known: {', '.join(POINTS)}")
+
+    def crash() -> None:
+        raise InjectedCrash(name)
+
+    _armed[name] = action or crash
+
+
+def disarm() -> None:
+    """Forget every armed point (those not reached)."""
+    _armed.clear()
+
+
+def crash_point(name: str) -> None:
+    """Die immediately if COMPACTION_CRASH_AT names this point; run its action once if armed."""
+    if name not in POINTS:
+        raise ValueError(f"unknown crash point {name!r}; known: {', '.join(POINTS)}")
+    if action := _armed.pop(name, None):
+        action()
     if os.environ.get(CRASH_ENV) == name:
         sys.stderr.write(f"[fault injection] crashing at {name}\n")
         sys.stderr.flush()
