@@ -33,7 +33,6 @@ def step(machine: TableHistory, rule: str, **arguments) -> None:
     machine.identity_partitions_match_their_rows()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 15 defect 5: GC deletes a live file registered as file:/abs")
 def test_gc_keeps_a_live_file_added_as_file_colon_path(spark, tmp_path):
     with history(spark, tmp_path) as machine:
         step(machine, "seed_rows", region=None, files=2)
@@ -41,7 +40,6 @@ def test_gc_keeps_a_live_file_added_as_file_colon_path(spark, tmp_path):
         step(machine, "our_gc")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 15 defect 5: GC deletes a live file registered as /abs")
 def test_gc_keeps_a_live_file_added_as_plain_path(spark, tmp_path):
     with history(spark, tmp_path) as machine:
         step(machine, "seed_rows", region=None, files=2)
@@ -49,9 +47,6 @@ def test_gc_keeps_a_live_file_added_as_plain_path(spark, tmp_path):
         step(machine, "our_gc")
 
 
-@pytest.mark.xfail(
-    strict=True, reason="issue 15 defect 1: a position delete committed inside our commit is not seen; rows come back"
-)
 def test_position_delete_and_append_landing_inside_our_commit(spark, tmp_path):
     """r1: the delete is not the head any more when our commit retries."""
     with history(spark, tmp_path) as machine:
@@ -66,7 +61,6 @@ def test_position_delete_and_append_landing_inside_our_commit(spark, tmp_path):
         )
 
 
-@pytest.mark.xfail(strict=True, reason="issue 15 defect 2: recovery deletes live files once our snapshot is expired")
 def test_recovery_after_the_compaction_snapshot_was_expired(spark, tmp_path):
     """r2: crash after the Iceberg commit, a writer appends, another engine expires, then recovery."""
     with history(spark, tmp_path) as machine:
@@ -77,7 +71,6 @@ def test_recovery_after_the_compaction_snapshot_was_expired(spark, tmp_path):
         step(machine, "recover")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 15 defect 3: NULL and 'null' partitions are merged")
 def test_null_and_the_string_null_stay_apart(spark, tmp_path):
     """r3."""
     with history(spark, tmp_path) as machine:
@@ -86,7 +79,6 @@ def test_null_and_the_string_null_stay_apart(spark, tmp_path):
         step(machine, "compact", pick=None)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 15 defect 4: IndexError committing after the spec gained a field")
 def test_partition_spec_gains_a_field_between_precommit_and_commit(spark, tmp_path):
     """r4 add."""
     with history(spark, tmp_path) as machine:
@@ -107,7 +99,6 @@ def test_partition_spec_loses_a_field_between_precommit_and_commit(spark, tmp_pa
         step(machine, "recover")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 15 defect 4: added files written into a manifest of the new spec")
 def test_partition_spec_swaps_fields_between_precommit_and_commit(spark, tmp_path):
     """r4 replace: region out, cat in, in one spec update between precommit and commit."""
     with history(spark, tmp_path) as machine:
@@ -128,7 +119,6 @@ def test_equality_delete_landing_inside_our_commit(spark, tmp_path):
         )
 
 
-@pytest.mark.xfail(strict=True, reason="issue 15 defect 4: recovery raises once the spec changed after precommit")
 def test_recovery_of_a_prepared_attempt_after_the_spec_changed(spark, tmp_path):
     """Found by the machine: crash after precommit, another engine swaps the spec, recovery."""
     with history(spark, tmp_path) as machine:
