@@ -12,7 +12,8 @@ import click
 
 from compaction_assets.config import load_config
 from compaction_assets.engine import Engine, PartitionOutcome
-from compaction_assets.errors import CompactionError
+from compaction_assets.errors import CatalogError, CompactionError, ConfigError
+from compaction_assets.redact import RedactingFilter, redact
 
 
 def _engine(ctx: click.Context) -> Engine:
@@ -22,14 +23,45 @@ def _engine(ctx: click.Context) -> Engine:
 
 
 class _Group(click.Group):
-    """Turn expected errors into one clear line on stderr and exit code 2."""
+    """Turn any error into a clear message on stderr (credentials masked) and exit code 2.
+
+    Expected errors (CompactionError) already name the thing; anything else is one line with its
+    type, and the traceback only with --verbose."""
 
     def invoke(self, ctx: click.Context):  # noqa: ANN201 - click's signature
         try:
             return super().invoke(ctx)
-        except CompactionError as exc:
-            click.echo(f"error: {exc}", err=True)
+        except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
+            raise
+        except ConfigError as exc:  # one line per mistake in the file
+            click.echo(f"error: {redact(exc)}", err=True)
             sys.exit(2)
+        except CompactionError as exc:
+            where = _catalog_uri(ctx)
+            message = _first_line(exc)
+            if isinstance(exc, CatalogError) and where and where not in message:
+                message += f" (catalog uri {where})"
+            click.echo(f"error: {redact(message)}", err=True)
+            sys.exit(2)
+        except Exception as exc:  # noqa: BLE001 - the CLI's last line of defence
+            if ctx.obj and ctx.obj.get("verbose"):
+                logging.getLogger(__name__).exception("unexpected error")
+            command = ctx.invoked_subcommand or "command"
+            click.echo(f"error: {command}: {type(exc).__name__}: {redact(_first_line(exc))}", err=True)
+            sys.exit(2)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _catalog_uri(ctx: click.Context) -> str | None:
+    """The configured catalog's uri (credentials masked), if the config could be read."""
+    try:
+        return redact(load_config(ctx.obj["config"]).catalog.properties.get("uri", "")) or None
+    except Exception:  # noqa: BLE001 - only decorates another error
+        return None
 
 
 @click.group(cls=_Group)
@@ -39,8 +71,10 @@ class _Group(click.Group):
 def main(ctx: click.Context, config: str | None, verbose: bool) -> None:
     """Continuous small-file compaction for Apache Iceberg tables."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RedactingFilter())
     logging.getLogger("compaction_assets").setLevel(logging.INFO)
-    ctx.obj = {"config": config}
+    ctx.obj = {"config": config, "verbose": verbose}
 
 
 @main.command()

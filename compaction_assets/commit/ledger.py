@@ -20,6 +20,7 @@ from sqlalchemy import JSON, BigInteger, DateTime, Integer, String, Text, create
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from compaction_assets.errors import CompactionError
+from compaction_assets.redact import redact
 
 
 class Status(StrEnum):
@@ -191,10 +192,10 @@ class Ledger:
         return self._transition(attempt_id, [Status.PREPARED], Status.COMMITTED, committed_snapshot_id=snapshot_id)
 
     def mark_failed(self, attempt_id: str, reason: str) -> Attempt:
-        return self._transition(attempt_id, [Status.EXECUTING], Status.FAILED, reason=reason)
+        return self._transition(attempt_id, [Status.EXECUTING], Status.FAILED, reason=redact(reason))
 
     def mark_rolled_back(self, attempt_id: str, reason: str) -> Attempt:
-        return self._transition(attempt_id, list(OPEN), Status.ROLLED_BACK, reason=reason)
+        return self._transition(attempt_id, list(OPEN), Status.ROLLED_BACK, reason=redact(reason))
 
     def heartbeat(self, attempt_ids: list[str]) -> None:
         """Mark open attempts as alive (recovery treats a long-silent open attempt as dead)."""

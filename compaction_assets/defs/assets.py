@@ -23,6 +23,7 @@ from compaction_assets.defs.resources import CompactionResource
 from compaction_assets.engine import PartitionOutcome
 from compaction_assets.lake.catalog import load_table
 from compaction_assets.planning.policy import Policy
+from compaction_assets.redact import redact
 
 
 def table_asset(table_name: str, rule: TableRule, partitioned: bool, location: str, policy: Policy) -> AssetsDefinition:
@@ -51,10 +52,11 @@ def table_asset(table_name: str, rule: TableRule, partitioned: bool, location: s
         engine = compaction.engine(spark=pyspark)
         outcomes = engine.compact(table_name, partition=partition, task_id=context.run_id)
         for o in outcomes:
-            context.log.info(f"{table_name} [{o.partition_key or 'unpartitioned'}]: {o.status}: {o.reason}")
+            context.log.info(redact(f"{table_name} [{o.partition_key or 'unpartitioned'}]: {o.status}: {o.reason}"))
         failed = [o for o in outcomes if not o.ok]
         if failed:
-            raise Failure(description=f"{table_name}: {failed[0].reason}", metadata=_metadata(failed[0], rule.queue))
+            description = redact(f"{table_name}: {failed[0].reason}")
+            raise Failure(description=description, metadata=_metadata(failed[0], rule.queue))
         return MaterializeResult(metadata=_metadata(_single(outcomes), rule.queue))
 
     return _compact
@@ -91,10 +93,10 @@ def _single(outcomes: list[PartitionOutcome]) -> PartitionOutcome:
 
 
 def _metadata(o: PartitionOutcome, queue: str) -> dict:
-    """Numeric values are plotted by the UI across materialisations."""
+    """Numeric values are plotted by the UI across materialisations; credentials are masked."""
     return {
         "status": o.status,
-        "reason": o.reason,
+        "reason": redact(o.reason),
         "kind": o.kind or "none",
         "data_files_before": o.files_before,
         "data_files_after": o.files_after,

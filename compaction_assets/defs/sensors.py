@@ -45,6 +45,7 @@ from compaction_assets.engine import Engine
 from compaction_assets.errors import CompactionError
 from compaction_assets.lake.catalog import load_table, metadata_locations
 from compaction_assets.planning.scheduling import Candidate, decide
+from compaction_assets.redact import redact
 
 IN_PROGRESS = [
     DagsterRunStatus.QUEUED,
@@ -150,7 +151,7 @@ def evaluate_fragmentation(
                 continue
             tplan = engine.plan_for(table, name)
         except CompactionError as exc:
-            context.log.warning(f"{name}: cannot plan: {exc}")
+            context.log.warning(redact(f"{name}: cannot plan: {exc}"))
             continue
         planned.append(name)
         if partitioned:
@@ -241,7 +242,7 @@ def recover_orphaned_attempts(context: OpExecutionContext, compaction: Compactio
         f"rolled back {report.rolled_back}, abandoned {report.abandoned}"
     )
     if report.errors:
-        raise CompactionError("could not recover: " + "; ".join(report.errors))
+        raise CompactionError(redact("could not recover: " + "; ".join(report.errors)))
 
 
 @job(name="recover_compaction_tasks", tags={"compaction/maintenance": "recovery"})
