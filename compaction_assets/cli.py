@@ -328,8 +328,9 @@ def spark_server(ctx: click.Context, action: str) -> None:
 @click.pass_context
 def demo(ctx: click.Context, files_per_partition: int, stream: bool, no_ui: bool, port: int) -> None:
     """Build a fragmented demo lake, then watch Dagster compact it (dagster dev on 127.0.0.1)."""
-    from compaction_assets.demo import create_demo_lake
+    from compaction_assets.demo import claim_demo_catalog, create_demo_lake
 
+    claim_demo_catalog(load_config(ctx.obj["config"]).catalog)  # before anything opens (and creates) it
     engine = _engine(ctx)
     written = create_demo_lake(engine.catalog, files_per_partition)
     listing = ", ".join(f"{t} {n} files" for t, n in written.items())

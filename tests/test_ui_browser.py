@@ -17,7 +17,7 @@ from dagster._core.instance.ref import InstanceRef
 
 from compaction_assets.config import load_config
 from compaction_assets.defs.build import build_definitions
-from compaction_assets.demo import create_demo_lake
+from compaction_assets.demo import claim_demo_catalog, create_demo_lake
 from compaction_assets.engine import Engine
 from tests.conftest import REPO, free_port, venv_bin
 
@@ -46,6 +46,7 @@ def demo_ui(tmp_path_factory, spark):
     shutil.copy(REPO / "compaction.yaml", root / "compaction.yaml")
     shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
     config = load_config(root / "compaction.yaml")
+    claim_demo_catalog(config.catalog)
     engine = Engine(config, spark=lambda: spark)
     create_demo_lake(engine.catalog, files_per_partition=8)
     for table in ("demo.events", "demo.metrics", "demo.users"):
