@@ -335,9 +335,11 @@ def demo(ctx: click.Context, files_per_partition: int, stream: bool, no_ui: bool
     written = create_demo_lake(engine.catalog, files_per_partition)
     listing = ", ".join(f"{t} {n} files" for t, n in written.items())
     click.echo(f"demo lake in catalog '{engine.catalog.name}': {listing}")
+    from compaction_assets.demo_ui import run_dagster_dev, warm_spark
+
     if no_ui:
-        sys.exit(_compact_all(engine, list(written)))
-    from compaction_assets.demo_ui import run_dagster_dev
+        with warm_spark(engine.config):
+            sys.exit(_compact_all(engine, list(written)))
 
     sys.exit(run_dagster_dev(engine.config, port=port, stream=stream))
 

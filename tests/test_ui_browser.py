@@ -12,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 from dagster import DagsterInstance
 from dagster._core.instance.ref import InstanceRef
 
@@ -43,7 +44,9 @@ def demo_ui(tmp_path_factory, spark):
     root = tmp_path_factory.mktemp("demo-ui")
     home = root / ".dagster_home"
     home.mkdir()
-    shutil.copy(REPO / "compaction.yaml", root / "compaction.yaml")
+    doc = yaml.safe_load((REPO / "compaction.yaml").read_text())
+    doc["spark"]["mode"] = "local"  # the runs below execute in this process, on the test session's Spark
+    (root / "compaction.yaml").write_text(yaml.safe_dump(doc))
     shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
     config = load_config(root / "compaction.yaml")
     claim_demo_catalog(config.catalog)
