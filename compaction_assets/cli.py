@@ -12,7 +12,8 @@ import click
 
 from compaction_assets.config import load_config
 from compaction_assets.engine import Engine, PartitionOutcome
-from compaction_assets.errors import CatalogError, CompactionError, ConfigError
+from compaction_assets.errors import CompactionError, ConfigError
+from compaction_assets.lake.catalog import TableNotFound
 from compaction_assets.redact import RedactingFilter, redact
 
 
@@ -39,7 +40,7 @@ class _Group(click.Group):
         except CompactionError as exc:
             where = _catalog_uri(ctx)
             message = _first_line(exc)
-            if isinstance(exc, CatalogError) and where and where not in message:
+            if isinstance(exc, TableNotFound) and where and where not in message:
                 message += f" (catalog uri {where})"
             click.echo(f"error: {redact(message)}", err=True)
             sys.exit(2)

@@ -234,6 +234,8 @@ def _resolve_path_value(key: str, value: str, base_dir: Path) -> str:
     if key == "warehouse":
         if value.startswith("file://") and not value.startswith("file:///"):
             return f"file://{(base_dir / value.removeprefix('file://')).resolve()}"
+        if value.startswith("file:") and not value.startswith("file:/"):
+            return f"file://{(base_dir / value.removeprefix('file:')).resolve()}"
         if "://" not in value:
             return f"file://{(base_dir / value).resolve()}"
     return value
