@@ -7,20 +7,39 @@ import logging
 import sys
 import time
 from dataclasses import asdict
+from pathlib import Path
 
 import click
 
+from compaction_assets.commit.ledger import Ledger
 from compaction_assets.config import load_config
 from compaction_assets.engine import Engine, PartitionOutcome
-from compaction_assets.errors import CompactionError, ConfigError
+from compaction_assets.errors import CatalogError, CompactionError, ConfigError
 from compaction_assets.lake.catalog import TableNotFound
 from compaction_assets.redact import RedactingFilter, redact
 
 
-def _engine(ctx: click.Context) -> Engine:
+def _engine(ctx: click.Context, read_only: bool = False, new_catalog: bool = False) -> Engine:
+    """The engine for the config. A SQLite catalog file must exist already unless `new_catalog` (a
+    mistyped uri would otherwise create an empty catalog); `read_only` commands create no ledger
+    file either."""
     if "engine" not in ctx.obj:
-        ctx.obj["engine"] = Engine(load_config(ctx.obj["config"]))
+        config = load_config(ctx.obj["config"])
+        catalog_file = _sqlite_file(config.catalog.properties.get("uri", ""))
+        if catalog_file and not catalog_file.exists() and not new_catalog:
+            raise CatalogError(
+                f"catalog '{config.catalog.name}' not found: no SQLite file at "
+                f"{redact(config.catalog.properties['uri'])} (catalog.properties.uri in {config.source})"
+            )
+        ledger_file = _sqlite_file(config.state_uri)
+        ledger = Ledger("sqlite://") if read_only and ledger_file and not ledger_file.exists() else None  # in memory
+        ctx.obj["engine"] = Engine(config, ledger=ledger)
     return ctx.obj["engine"]
+
+
+def _sqlite_file(uri: str) -> Path | None:
+    path = uri.removeprefix("sqlite:///").split("?", 1)[0] if uri.startswith("sqlite:///") else ""
+    return Path(path) if path not in ("", ":memory:") else None
 
 
 class _Group(click.Group):
@@ -84,7 +103,7 @@ def main(ctx: click.Context, config: str | None, verbose: bool) -> None:
 @click.pass_context
 def plan(ctx: click.Context, table: str, as_json: bool) -> None:
     """Show what compaction would do to TABLE, partition by partition."""
-    tplan = _engine(ctx).plan(table)
+    tplan = _engine(ctx, read_only=True).plan(table)
     if as_json:
         doc = {
             "table": table,
@@ -160,7 +179,7 @@ def recover(ctx: click.Context) -> None:
 @click.pass_context
 def gc(ctx: click.Context, table: str, dry_run: bool) -> None:
     """Expire old snapshots of TABLE and delete files nothing references any more."""
-    report = _engine(ctx).gc(table, dry_run=dry_run)
+    report = _engine(ctx, read_only=dry_run).gc(table, dry_run=dry_run)
     if report.paused:
         click.echo(f"{table}: paused (compaction.enabled=false): GC skipped")
         return
@@ -200,7 +219,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
     from compaction_assets.commit.ledger import OPEN
     from compaction_assets.status import as_dict, queue_statuses, table_statuses
 
-    engine = _engine(ctx)
+    engine = _engine(ctx, read_only=True)
     tables = table_statuses(engine)
     queues = queue_statuses(engine, _dagster_queue_load())
     counts = engine.ledger.counts()
@@ -251,8 +270,6 @@ def _dagster_queue_load() -> dict[str, tuple[int, int]] | None:
 @click.option("--update-readme", type=click.Path(exists=True), default=None, help="rewrite its reliability section")
 def soak(minutes: float, seed: int, slots: int, workdir: str | None, update_readme: str | None) -> None:
     """Writers, compactions, GC and random kills together on a scratch lake; then the invariants."""
-    from pathlib import Path
-
     from compaction_assets.soak import readme_section, run_soak
 
     figures = run_soak(minutes, seed, Path(workdir) if workdir else None, log=click.echo, slots=slots)
@@ -288,8 +305,6 @@ def bench(
     as_json: bool,
 ) -> None:
     """Ours vs delta-rs vs pyarrow vs Spark on the same data; memory, fixed cost, planning scale."""
-    from pathlib import Path
-
     from compaction_assets.bench.datasets import SMALL, TINY
     from compaction_assets.bench.run import run_bench
 
@@ -332,7 +347,7 @@ def demo(ctx: click.Context, files_per_partition: int, stream: bool, no_ui: bool
     from compaction_assets.demo import claim_demo_catalog, create_demo_lake
 
     claim_demo_catalog(load_config(ctx.obj["config"]).catalog)  # before anything opens (and creates) it
-    engine = _engine(ctx)
+    engine = _engine(ctx, new_catalog=True)
     written = create_demo_lake(engine.catalog, files_per_partition)
     listing = ", ".join(f"{t} {n} files" for t, n in written.items())
     click.echo(f"demo lake in catalog '{engine.catalog.name}': {listing}")
