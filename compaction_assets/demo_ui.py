@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from compaction_assets.config import CompactionConfig
+from compaction_assets.defs.naming import LOCATION_NAME, WEBSERVER_ENV
 from compaction_assets.demo import append_order_batches
 from compaction_assets.execution import connect_server
 from compaction_assets.lake.catalog import load_table, open_catalog
@@ -41,13 +42,20 @@ def run_dagster_dev(config: CompactionConfig, port: int, stream: bool) -> int:
         yaml.safe_dump(
             {
                 "load_from": [
-                    {"python_module": {"module_name": "compaction_assets.definitions", "working_directory": str(base)}}
+                    {
+                        "python_module": {
+                            "module_name": "compaction_assets.definitions",
+                            "location_name": LOCATION_NAME,
+                            "working_directory": str(base),
+                        }
+                    }
                 ]
             }
         )
     )
-    env = {**os.environ, "DAGSTER_HOME": str(home), "COMPACTION_CONFIG": config.source}
     url = f"http://127.0.0.1:{port}"
+    # the sensor reloads the code location through the webserver when tables come or go
+    env = {**os.environ, "DAGSTER_HOME": str(home), "COMPACTION_CONFIG": config.source, WEBSERVER_ENV: url}
     command = [str(Path(sys.executable).parent / "dagster"), "dev", "-h", "127.0.0.1", "-p", str(port)]
     with _signals_raise() as received:
         try:

@@ -1,6 +1,8 @@
 """`compaction-assets demo` as a user runs it: runs on the warm Spark it started, report their
-fixed cost, and SIGINT or SIGTERM to the demo's PID leaves no process behind."""
+fixed cost, a new table appears in the UI without a manual reload, and SIGINT or SIGTERM to the
+demo's PID leaves no process behind."""
 
+import json
 import os
 import re
 import signal
@@ -10,14 +12,26 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from compaction_assets.config import load_config
 from compaction_assets.demo_ui import session_members
 from compaction_assets.execution import connect_server
+from compaction_assets.lake.catalog import open_catalog
 from tests.conftest import CLI, REPO, free_port
 
 FIXED_COST = re.compile(r"dagster_run_fixed_cost_s=([0-9.]+) \(.*spark connect\)")
+
+
+def asset_keys(graphql: str) -> list[list[str]]:
+    body = json.dumps({"query": "{ assetNodes { assetKey { path } } }"}).encode()
+    request = urllib.request.Request(graphql, data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return [n["assetKey"]["path"] for n in json.load(response)["data"]["assetNodes"]]
+    except (OSError, KeyError, TypeError):
+        return []
 
 
 def answers(url: str) -> bool:
@@ -69,6 +83,12 @@ def test_demo_runs_on_warm_spark_and_a_signal_stops_everything(tmp_path, signum)
         if signum == signal.SIGTERM:  # a compaction run on the warm Spark reports its fixed cost
             wait_for(lambda: FIXED_COST.search(log.read_text()), 300, "no run reported its fixed cost", log)
             print("fixed costs:", FIXED_COST.findall(log.read_text()))
+            # a table created now shows up in the UI without a manual reload
+            catalog = open_catalog(load_config(config_path).catalog)
+            catalog.create_table("demo.fresh", schema=pa.schema([("id", pa.int64())]))
+            graphql = f"http://127.0.0.1:{ui_port}/graphql"
+            wait_for(lambda: ["lake", "demo", "fresh"] in asset_keys(graphql), 240, "demo.fresh not in the UI", log)
+            assert "tables changed (new: demo.fresh): reloading code location 'compaction_assets'" in log.read_text()
         [dagster_dev] = [p for p in _children(demo.pid) if session_members(p)[:1] == [p]]  # leads its session
         before = session_members(demo.pid) + session_members(dagster_dev)
         assert len(before) > 3  # demo, dagster dev, webserver, daemon, code server, Spark, ...

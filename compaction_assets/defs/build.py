@@ -25,12 +25,14 @@ def build_definitions(config: CompactionConfig) -> Definitions:
     catalog = open_catalog(config.catalog)
     assets, checks, jobs = [], [], []
     partitioned: dict[str, bool] = {}
+    left_out: set[str] = set()
     upstream: set[AssetKey] = set()
     for name in managed_tables(catalog, config):
         try:
             table = load_table(catalog, name)
         except CatalogError as exc:  # one unusable table must not take the code location down
             log.warning(redact(f"{name}: left out: {exc}"))
+            left_out.add(name)
             continue
         rule = config.rule_for(name)
         try:
@@ -54,7 +56,7 @@ def build_definitions(config: CompactionConfig) -> Definitions:
         jobs=[*jobs, recover_job],
         schedules=[gc_schedule(list(partitioned))] if partitioned else [],
         sensors=[
-            fragmentation_sensor(partitioned, jobs, scheduling.sensor_interval_seconds),
+            fragmentation_sensor(partitioned, jobs, scheduling.sensor_interval_seconds, frozenset(left_out)),
             recovery_sensor(scheduling.recovery_interval_seconds),
         ],
         resources={"compaction": CompactionResource(config_path=config.source), "pyspark": pyspark_resource(config)},

@@ -3,9 +3,13 @@
 import datetime as dt
 import hashlib
 import json
+import logging
+import os
+import threading
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from urllib.parse import urlparse
 
 from dagster import (
     AddDynamicPartitionsRequest,
@@ -31,10 +35,12 @@ from compaction_assets.commit.ledger import OPEN
 from compaction_assets.commit.recovery import orphaned_because
 from compaction_assets.config import CompactionConfig
 from compaction_assets.defs.naming import (
+    LOCATION_NAME,
     PARTITION_TAG,
     PRIORITY_TAG,
     QUEUE_TAG,
     TABLE_TAG,
+    WEBSERVER_ENV,
     job_name,
     partitions_name,
     pool_name,
@@ -43,7 +49,7 @@ from compaction_assets.defs.naming import (
 from compaction_assets.defs.resources import CompactionResource
 from compaction_assets.engine import Engine
 from compaction_assets.errors import CompactionError
-from compaction_assets.lake.catalog import load_table, metadata_locations
+from compaction_assets.lake.catalog import load_table, managed_tables, metadata_locations
 from compaction_assets.planning.scheduling import Candidate, decide
 from compaction_assets.redact import redact
 
@@ -96,8 +102,11 @@ def sync_pool_limits(instance: DagsterInstance, config: CompactionConfig) -> Non
             storage.set_concurrency_slots(pool, queue.max_concurrent_runs)
 
 
-def fragmentation_sensor(tables: dict[str, bool], jobs: list[JobDefinition], interval_seconds: int) -> SensorDefinition:
-    """`tables`: managed table name -> partitioned?"""
+def fragmentation_sensor(
+    tables: dict[str, bool], jobs: list[JobDefinition], interval_seconds: int, left_out: frozenset[str] = frozenset()
+) -> SensorDefinition:
+    """`tables`: managed table name -> partitioned?; `left_out`: managed tables that have no asset
+    because they could not be loaded (a catalog change is a table entering or leaving either)."""
 
     @sensor(
         name="fragmentation_sensor",
@@ -108,13 +117,16 @@ def fragmentation_sensor(tables: dict[str, bool], jobs: list[JobDefinition], int
         "requests compaction of fragmented partitions, by priority, within each queue's capacity.",
     )
     def _sensor(context: SensorEvaluationContext, compaction: CompactionResource) -> SensorResult:
-        return evaluate_fragmentation(context, compaction.load(), tables)
+        return evaluate_fragmentation(context, compaction.load(), tables, left_out)
 
     return _sensor
 
 
 def evaluate_fragmentation(
-    context: SensorEvaluationContext, config: CompactionConfig, tables: dict[str, bool]
+    context: SensorEvaluationContext,
+    config: CompactionConfig,
+    tables: dict[str, bool],
+    left_out: frozenset[str] = frozenset(),
 ) -> SensorResult:
     engine = Engine(config)  # no Spark: the sensor only plans
     sync_pool_limits(context.instance, config)
@@ -123,6 +135,11 @@ def evaluate_fragmentation(
     if cursor.config != fingerprint:  # a policy, priority or queue changed: look at every table again
         cursor.snapshots, cursor.versions, cursor.config = {}, {}, fingerprint
     locations = metadata_locations(engine.catalog)
+    present = set(locations) if locations is not None else set(managed_tables(engine.catalog, config))
+    present = {n for n in present if config.rule_for(n) is not None}
+    added, dropped = sorted(present - set(tables) - left_out), sorted((set(tables) | left_out) - present)
+    if added or dropped:
+        reload_code_location(context, added, dropped)
     runs = context.instance.get_runs(RunsFilter(statuses=IN_PROGRESS))
     queue_load = Counter(r.tags[QUEUE_TAG] for r in runs if QUEUE_TAG in r.tags)
     in_flight = {(r.tags[TABLE_TAG], r.tags.get(PARTITION_TAG, "")) for r in runs if TABLE_TAG in r.tags}
@@ -136,6 +153,8 @@ def evaluate_fragmentation(
         if rule is None:
             context.log.info(f"{name}: no longer matches a `tables:` rule; skipped")
             continue
+        if name not in present:
+            continue  # dropped: the reload above removes its asset
         waiting = [k for k in cursor.waiting if k.startswith(f"{name}|")]
         known = locations is not None and name in cursor.versions
         if known and cursor.versions[name] == locations.get(name) and not waiting:
@@ -219,6 +238,39 @@ def evaluate_fragmentation(
         cursor=cursor.dump(),
         skip_reason=None if run_requests else SkipReason(summary),
     )
+
+
+def reload_code_location(context: SensorEvaluationContext, added: list[str], dropped: list[str]) -> None:
+    """New or dropped managed tables: reload the code location so its assets follow the catalog.
+
+    Through the webserver's GraphQL API (`reload_repository_location`), whose address the demo
+    puts in $COMPACTION_DAGSTER_URL; without it the log says how to reload by hand. The call runs
+    beside the tick: the reload replaces the process this sensor runs in."""
+    origin = context.code_location_origin
+    location = origin.location_name if origin else LOCATION_NAME
+    change = "; ".join(
+        part
+        for part in (f"new: {', '.join(added)}" if added else "", f"dropped: {', '.join(dropped)}" if dropped else "")
+        if part
+    )
+    url = os.environ.get(WEBSERVER_ENV)
+    if not url:
+        context.log.info(
+            f"tables changed ({change}): reload code location '{location}' to show them (UI: Deployment > "
+            f"Reload, or set {WEBSERVER_ENV}=http://host:port for the sensor to do it)"
+        )
+        return
+    context.log.info(f"tables changed ({change}): reloading code location '{location}' through {url}")
+    threading.Thread(target=_reload, args=(url, location), daemon=True).start()
+
+
+def _reload(url: str, location: str) -> None:
+    from dagster_graphql import DagsterGraphQLClient
+
+    parsed = urlparse(url)
+    client = DagsterGraphQLClient(parsed.hostname or "127.0.0.1", port_number=parsed.port, timeout=120)
+    info = client.reload_repository_location(location)
+    logging.getLogger(__name__).info(f"code location '{location}' reloaded: {info.status}")
 
 
 def _partition_sync(instance: DagsterInstance, table_name: str, keys: list[str]) -> list:
