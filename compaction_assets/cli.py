@@ -221,7 +221,8 @@ def status(ctx: click.Context, as_json: bool) -> None:
 
     engine = _engine(ctx, read_only=True)
     tables = table_statuses(engine)
-    queues = queue_statuses(engine, _dagster_queue_load())
+    home = _dagster_home(engine.config.source)
+    queues = queue_statuses(engine, _dagster_queue_load(home) if home else None)
     counts = engine.ledger.counts()
     if as_json:
         click.echo(json.dumps(as_dict(tables, queues, counts), indent=2, default=str))
@@ -230,6 +231,12 @@ def status(ctx: click.Context, as_json: bool) -> None:
     for q in queues:
         running, queued = ("-", "-") if q.running is None else (q.running, q.queued)
         click.echo(f"{q.queue:12} {running:>8} {queued:>7} {q.capacity:>9} {q.limit:>6}")
+    click.echo(
+        f"(runs from the Dagster instance in {home})"
+        if home
+        else "(running/queued: no Dagster instance found; set DAGSTER_HOME to the deployment's, "
+        "or run `compaction-assets demo` beside this config, which keeps one in .dagster_home)"
+    )
     click.echo(
         f"\n{'table':24} {'queue':8} {'files':>6} {'frag':>5} {'small':>5} {'avg bytes':>10} "
         f"{'to do':>5} {'open':>4}  state / last compaction"
@@ -248,17 +255,23 @@ def status(ctx: click.Context, as_json: bool) -> None:
         )
 
 
-def _dagster_queue_load() -> dict[str, tuple[int, int]] | None:
-    """Run counts per queue from the Dagster instance in $DAGSTER_HOME, if there is one."""
+def _dagster_home(config_source: str) -> Path | None:
+    """$DAGSTER_HOME, else the demo's instance beside the config (.dagster_home), if either exists."""
     import os
 
-    if not os.environ.get("DAGSTER_HOME"):
-        return None
+    if home := os.environ.get("DAGSTER_HOME"):
+        return Path(home)
+    demo_home = Path(config_source).parent / ".dagster_home"
+    return demo_home if (demo_home / "dagster.yaml").exists() else None
+
+
+def _dagster_queue_load(home: Path) -> dict[str, tuple[int, int]]:
+    """Run counts per queue from the Dagster instance in `home`."""
     from dagster import DagsterInstance
 
     from compaction_assets.defs.sensors import queue_load
 
-    with DagsterInstance.get() as instance:
+    with DagsterInstance.from_config(str(home)) as instance:
         return queue_load(instance)
 
 

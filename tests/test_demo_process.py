@@ -100,6 +100,9 @@ def test_demo_runs_on_warm_spark_and_a_signal_stops_everything(tmp_path, signum)
         assert not left, f"left behind: {left}"
         assert not _alive(server_pid)
         assert not answers(url) and not listening(ui_port) and not listening(spark_port)
+        output = log.read_text()
+        assert "will not be used" not in output  # Dagster's warning about a dagster.yaml in the cwd
+        assert "Setting default log level" not in output and " WARN " not in output
     finally:
         if demo.poll() is None:
             demo.kill()

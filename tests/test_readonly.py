@@ -1,13 +1,14 @@
 """A mistyped SQLite uri: read-only commands create no catalog and no ledger, and say which uri."""
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
 import pyarrow as pa
 from pyiceberg.catalog import load_catalog
 
-from tests.conftest import CLI, write_config
+from tests.conftest import CLI, REPO, write_config
 
 READ_ONLY = (["plan", "ns.t"], ["status"], ["gc", "--dry-run", "ns.t"])
 
@@ -51,3 +52,26 @@ def test_read_only_commands_create_no_ledger(tmp_path):
     run = cli(config, "plan", "ns.nope")
     assert run.returncode == 2
     assert "table 'ns.nope' not found" in run.stderr and f"sqlite:///{tmp_path}/catalog.db" in run.stderr
+
+
+def test_status_finds_the_demo_instance_or_says_how(tmp_path, monkeypatch):
+    (tmp_path / "warehouse").mkdir()
+    writer = load_catalog(
+        "lake", type="sql", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse=f"file://{tmp_path}/warehouse"
+    )
+    writer.create_namespace("ns")
+    writer.create_table("ns.t", schema=pa.schema([("id", pa.int64())]))
+    config = write_config(tmp_path)
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    run = cli(config, "status")
+    assert run.returncode == 0 and "set DAGSTER_HOME" in run.stdout
+    (tmp_path / ".dagster_home").mkdir()
+    shutil.copy(REPO / "dagster.yaml", tmp_path / ".dagster_home" / "dagster.yaml")
+    run = cli(config, "status")
+    assert run.returncode == 0, run.stderr
+    assert f"runs from the Dagster instance in {tmp_path / '.dagster_home'}" in run.stdout
+    [default] = [line for line in run.stdout.splitlines() if line.startswith("default ")]
+    assert default.split()[1:3] == ["0", "0"]  # running, queued: read from the instance, not "-"
+
+    run = cli(config, "compact", "ns.t", "--partition", "region=eu")
+    assert run.returncode == 2 and "has no partition 'region=eu' (it is unpartitioned)" in run.stderr

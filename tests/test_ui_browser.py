@@ -121,8 +121,19 @@ def test_asset_graph_and_table_page_show_compaction(demo_ui, tmp_path):
         overview = visit(
             "/assets/lake/sales/orders", ["data_files_after", "Latest check results"], "ui-table-asset.png"
         )
-        for key in ("data_files_before", "bytes_after", "snapshot_id", "task_id", "committed"):
+        for key in (
+            "data_files_before",
+            "bytes_after",
+            "snapshot_id",
+            "task_id",
+            "committed",
+            "dagster_run_fixed_cost_s",
+        ):
             assert key in overview
+        # README: the plots are a toggle in Overview > Metadata; there is no Plots tab
+        assert "Metadata" in overview
+        assert page.get_by_role("tab", name="Plots").count() == 0
+        assert page.get_by_role("tab", name="Overview").count() == 1
         checks = visit(
             "/assets/lake/sales/orders?view=checks", ["precommit_commit_consistency", "Passed"], "ui-checks.png"
         )

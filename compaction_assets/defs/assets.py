@@ -53,7 +53,7 @@ def table_asset(table_name: str, rule: TableRule, partitioned: bool, location: s
     ) -> MaterializeResult:
         partition = context.partition_key if partitioned else None
         engine = compaction.engine(spark=pyspark)
-        outcomes = engine.compact(table_name, partition=partition, task_id=context.run_id)
+        outcomes = engine.compact(table_name, partition=partition, task_id=context.run.run_id)
         for o in outcomes:
             context.log.info(redact(f"{table_name} [{o.partition_key or 'unpartitioned'}]: {o.status}: {o.reason}"))
         failed = [o for o in outcomes if not o.ok]
@@ -100,8 +100,8 @@ def consistency_check(table_name: str, executing_timeout_seconds: int):  # noqa:
 def run_fixed_cost(context: AssetExecutionContext, compaction_seconds: float) -> float:
     """Seconds of this run so far not spent compacting: launch (from the run's STARTING event, or
     its start when executed in process), imports, code loading, the Spark session, the plan."""
-    starting = context.instance.all_logs(context.run_id, of_type=DagsterEventType.RUN_STARTING)
-    record = context.instance.get_run_record_by_id(context.run_id)
+    starting = context.instance.all_logs(context.run.run_id, of_type=DagsterEventType.RUN_STARTING)
+    record = context.instance.get_run_record_by_id(context.run.run_id)
     begin = starting[0].timestamp if starting else (record.start_time if record and record.start_time else time.time())
     return max(0.0, time.time() - begin - compaction_seconds)
 

@@ -142,7 +142,7 @@ def evaluate_fragmentation(
         reload_code_location(context, added, dropped)
     runs = context.instance.get_runs(RunsFilter(statuses=IN_PROGRESS))
     queue_load = Counter(r.tags[QUEUE_TAG] for r in runs if QUEUE_TAG in r.tags)
-    in_flight = {(r.tags[TABLE_TAG], r.tags.get(PARTITION_TAG, "")) for r in runs if TABLE_TAG in r.tags}
+    in_flight = {(r.tags[TABLE_TAG], r.tags.get(PARTITION_TAG, "")): r.run_id for r in runs if TABLE_TAG in r.tags}
     now = time.time()
     candidates: list[Candidate] = []
     partition_requests: list = []
@@ -173,6 +173,8 @@ def evaluate_fragmentation(
             context.log.warning(redact(f"{name}: cannot plan: {exc}"))
             continue
         planned.append(name)
+        if not tplan.policy.enabled:
+            context.log.info(f"{name}: paused (compaction.enabled=false): not compacted; `compaction-assets resume`")
         if partitioned:
             partition_requests.extend(
                 _partition_sync(context.instance, name, [p.partition_key for p in tplan.partitions])
@@ -206,7 +208,9 @@ def evaluate_fragmentation(
         cursor.snapshots[name] = snapshot_id
         cursor.versions[name] = table.metadata_location
     capacities = {q.name: q.capacity for q in config.queues}
-    decisions = decide(candidates, queue_load, capacities, in_flight, now, config.scheduling.ageing_points_per_minute)
+    decisions = decide(
+        candidates, queue_load, capacities, set(in_flight), now, config.scheduling.ageing_points_per_minute
+    )
     run_requests = []
     for d in decisions:
         c = d.candidate
@@ -214,7 +218,8 @@ def evaluate_fragmentation(
         if d.requested or "already queued" in d.reason:
             cursor.waiting.pop(f"{c.table_name}|{c.partition_key}", None)
         if not d.requested:
-            context.log.info(f"skip {where}: {d.reason}")
+            run_id = in_flight.get((c.table_name, c.partition_key))
+            context.log.info(f"skip {where}: " + (f"already in progress (run {run_id})" if run_id else d.reason))
             continue
         context.log.info(f"request {where}: benefit {c.benefit:.2f} files/MiB")
         run_requests.append(

@@ -18,10 +18,12 @@ from compaction_assets.config import SparkConfig
 from compaction_assets.errors import CompactionError
 
 # Defaults suited to compaction jobs in local mode; anything in compaction.yaml's spark.conf wins.
+LOG4J2 = Path(__file__).with_name("log4j2.properties")  # errors only: no WARN lines in the CLI's output
 LOCAL_DEFAULTS = {
     "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
     "spark.sql.shuffle.partitions": "8",
-    "spark.driver.extraJavaOptions": "-Dderby.system.home=/tmp",
+    "spark.driver.extraJavaOptions": f"-Dderby.system.home=/tmp -Dlog4j2.configurationFile=file://{LOG4J2}",
 }
 
 
