@@ -56,8 +56,11 @@ def wait_for(condition, seconds: float, what: str, log: Path) -> None:  # noqa: 
         time.sleep(1)
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_demo_runs_on_warm_spark_and_a_signal_stops_everything(tmp_path, signum):
+@pytest.mark.parametrize(
+    ("signum", "to_group"), [(signal.SIGTERM, False), (signal.SIGINT, True)], ids=["kill-TERM-pid", "ctrl-c"]
+)
+def test_demo_runs_on_warm_spark_and_a_signal_stops_everything(tmp_path, signum, to_group):
+    """SIGTERM to the demo's PID; SIGINT to its whole process group, as Ctrl-C in a terminal sends it."""
     spark_port, ui_port = free_port(), free_port()
     config_path = tmp_path / "compaction.yaml"
     config_path.write_text(
@@ -93,7 +96,10 @@ def test_demo_runs_on_warm_spark_and_a_signal_stops_everything(tmp_path, signum)
         before = session_members(demo.pid) + session_members(dagster_dev)
         assert len(before) > 3  # demo, dagster dev, webserver, daemon, code server, Spark, ...
 
-        demo.send_signal(signum)
+        if to_group:
+            os.killpg(demo.pid, signum)
+        else:
+            demo.send_signal(signum)
         assert demo.wait(timeout=180) == 0
 
         left = [p for p in before if _alive(p)] + session_members(demo.pid) + session_members(dagster_dev)
