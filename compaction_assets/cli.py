@@ -7,29 +7,81 @@ import logging
 import sys
 import time
 from dataclasses import asdict
+from pathlib import Path
 
 import click
 
+from compaction_assets.commit.ledger import Ledger
 from compaction_assets.config import load_config
 from compaction_assets.engine import Engine, PartitionOutcome
-from compaction_assets.errors import CompactionError
+from compaction_assets.errors import CatalogError, CompactionError, ConfigError
+from compaction_assets.lake.catalog import TableNotFound
+from compaction_assets.redact import RedactingFilter, redact
 
 
-def _engine(ctx: click.Context) -> Engine:
+def _engine(ctx: click.Context, read_only: bool = False, new_catalog: bool = False) -> Engine:
+    """The engine for the config. A SQLite catalog file must exist already unless `new_catalog` (a
+    mistyped uri would otherwise create an empty catalog); `read_only` commands create no ledger
+    file either."""
     if "engine" not in ctx.obj:
-        ctx.obj["engine"] = Engine(load_config(ctx.obj["config"]))
+        config = load_config(ctx.obj["config"])
+        catalog_file = _sqlite_file(config.catalog.properties.get("uri", ""))
+        if catalog_file and not catalog_file.exists() and not new_catalog:
+            raise CatalogError(
+                f"catalog '{config.catalog.name}' not found: no SQLite file at "
+                f"{redact(config.catalog.properties['uri'])} (catalog.properties.uri in {config.source})"
+            )
+        ledger_file = _sqlite_file(config.state_uri)
+        ledger = Ledger("sqlite://") if read_only and ledger_file and not ledger_file.exists() else None  # in memory
+        ctx.obj["engine"] = Engine(config, ledger=ledger)
     return ctx.obj["engine"]
 
 
+def _sqlite_file(uri: str) -> Path | None:
+    path = uri.removeprefix("sqlite:///").split("?", 1)[0] if uri.startswith("sqlite:///") else ""
+    return Path(path) if path not in ("", ":memory:") else None
+
+
 class _Group(click.Group):
-    """Turn expected errors into one clear line on stderr and exit code 2."""
+    """Turn any error into a clear message on stderr (credentials masked) and exit code 2.
+
+    Expected errors (CompactionError) already name the thing; anything else is one line with its
+    type, and the traceback only with --verbose."""
 
     def invoke(self, ctx: click.Context):  # noqa: ANN201 - click's signature
         try:
             return super().invoke(ctx)
-        except CompactionError as exc:
-            click.echo(f"error: {exc}", err=True)
+        except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
+            raise
+        except ConfigError as exc:  # one line per mistake in the file
+            click.echo(f"error: {redact(exc)}", err=True)
             sys.exit(2)
+        except CompactionError as exc:
+            where = _catalog_uri(ctx)
+            message = _first_line(exc)
+            if isinstance(exc, TableNotFound) and where and where not in message:
+                message += f" (catalog uri {where})"
+            click.echo(f"error: {redact(message)}", err=True)
+            sys.exit(2)
+        except Exception as exc:  # noqa: BLE001 - the CLI's last line of defence
+            if ctx.obj and ctx.obj.get("verbose"):
+                logging.getLogger(__name__).exception("unexpected error")
+            command = ctx.invoked_subcommand or "command"
+            click.echo(f"error: {command}: {type(exc).__name__}: {redact(_first_line(exc))}", err=True)
+            sys.exit(2)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _catalog_uri(ctx: click.Context) -> str | None:
+    """The configured catalog's uri (credentials masked), if the config could be read."""
+    try:
+        return redact(load_config(ctx.obj["config"]).catalog.properties.get("uri", "")) or None
+    except Exception:  # noqa: BLE001 - only decorates another error
+        return None
 
 
 @click.group(cls=_Group)
@@ -39,8 +91,10 @@ class _Group(click.Group):
 def main(ctx: click.Context, config: str | None, verbose: bool) -> None:
     """Continuous small-file compaction for Apache Iceberg tables."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RedactingFilter())
     logging.getLogger("compaction_assets").setLevel(logging.INFO)
-    ctx.obj = {"config": config}
+    ctx.obj = {"config": config, "verbose": verbose}
 
 
 @main.command()
@@ -49,7 +103,7 @@ def main(ctx: click.Context, config: str | None, verbose: bool) -> None:
 @click.pass_context
 def plan(ctx: click.Context, table: str, as_json: bool) -> None:
     """Show what compaction would do to TABLE, partition by partition."""
-    tplan = _engine(ctx).plan(table)
+    tplan = _engine(ctx, read_only=True).plan(table)
     if as_json:
         doc = {
             "table": table,
@@ -144,7 +198,7 @@ def recover(ctx: click.Context) -> None:
 @click.pass_context
 def gc(ctx: click.Context, table: str, dry_run: bool) -> None:
     """Expire old snapshots of TABLE and delete files nothing references any more."""
-    report = _engine(ctx).gc(table, dry_run=dry_run)
+    report = _engine(ctx, read_only=dry_run).gc(table, dry_run=dry_run)
     if report.paused:
         click.echo(f"{table}: paused (compaction.enabled=false): GC skipped")
         return
@@ -184,9 +238,10 @@ def status(ctx: click.Context, as_json: bool) -> None:
     from compaction_assets.commit.ledger import OPEN
     from compaction_assets.status import as_dict, queue_statuses, table_statuses
 
-    engine = _engine(ctx)
+    engine = _engine(ctx, read_only=True)
     tables = table_statuses(engine)
-    queues = queue_statuses(engine, _dagster_queue_load())
+    home = _dagster_home(engine.config.source)
+    queues = queue_statuses(engine, _dagster_queue_load(home) if home else None)
     counts = engine.ledger.counts()
     if as_json:
         click.echo(json.dumps(as_dict(tables, queues, counts), indent=2, default=str))
@@ -195,6 +250,12 @@ def status(ctx: click.Context, as_json: bool) -> None:
     for q in queues:
         running, queued = ("-", "-") if q.running is None else (q.running, q.queued)
         click.echo(f"{q.queue:12} {running:>8} {queued:>7} {q.capacity:>9} {q.limit:>6}")
+    click.echo(
+        f"(runs from the Dagster instance in {home})"
+        if home
+        else "(running/queued: no Dagster instance found; set DAGSTER_HOME to the deployment's, "
+        "or run `compaction-assets demo` beside this config, which keeps one in .dagster_home)"
+    )
     click.echo(
         f"\n{'table':24} {'queue':8} {'files':>6} {'frag':>5} {'small':>5} {'avg bytes':>10} "
         f"{'to do':>5} {'open':>4}  state / last compaction"
@@ -213,17 +274,23 @@ def status(ctx: click.Context, as_json: bool) -> None:
         )
 
 
-def _dagster_queue_load() -> dict[str, tuple[int, int]] | None:
-    """Run counts per queue from the Dagster instance in $DAGSTER_HOME, if there is one."""
+def _dagster_home(config_source: str) -> Path | None:
+    """$DAGSTER_HOME, else the demo's instance beside the config (.dagster_home), if either exists."""
     import os
 
-    if not os.environ.get("DAGSTER_HOME"):
-        return None
+    if home := os.environ.get("DAGSTER_HOME"):
+        return Path(home)
+    demo_home = Path(config_source).parent / ".dagster_home"
+    return demo_home if (demo_home / "dagster.yaml").exists() else None
+
+
+def _dagster_queue_load(home: Path) -> dict[str, tuple[int, int]]:
+    """Run counts per queue from the Dagster instance in `home`."""
     from dagster import DagsterInstance
 
     from compaction_assets.defs.sensors import queue_load
 
-    with DagsterInstance.get() as instance:
+    with DagsterInstance.from_config(str(home)) as instance:
         return queue_load(instance)
 
 
@@ -235,8 +302,6 @@ def _dagster_queue_load() -> dict[str, tuple[int, int]] | None:
 @click.option("--update-readme", type=click.Path(exists=True), default=None, help="rewrite its reliability section")
 def soak(minutes: float, seed: int, slots: int, workdir: str | None, update_readme: str | None) -> None:
     """Writers, compactions, GC and random kills together on a scratch lake; then the invariants."""
-    from pathlib import Path
-
     from compaction_assets.soak import readme_section, run_soak
 
     figures = run_soak(minutes, seed, Path(workdir) if workdir else None, log=click.echo, slots=slots)
@@ -272,8 +337,6 @@ def bench(
     as_json: bool,
 ) -> None:
     """Ours vs delta-rs vs pyarrow vs Spark on the same data; memory, fixed cost, planning scale."""
-    from pathlib import Path
-
     from compaction_assets.bench.datasets import SMALL, TINY
     from compaction_assets.bench.run import run_bench
 
@@ -313,15 +376,18 @@ def spark_server(ctx: click.Context, action: str) -> None:
 @click.pass_context
 def demo(ctx: click.Context, files_per_partition: int, stream: bool, no_ui: bool, port: int) -> None:
     """Build a fragmented demo lake, then watch Dagster compact it (dagster dev on 127.0.0.1)."""
-    from compaction_assets.demo import create_demo_lake
+    from compaction_assets.demo import claim_demo_catalog, create_demo_lake
 
-    engine = _engine(ctx)
+    claim_demo_catalog(load_config(ctx.obj["config"]).catalog)  # before anything opens (and creates) it
+    engine = _engine(ctx, new_catalog=True)
     written = create_demo_lake(engine.catalog, files_per_partition)
     listing = ", ".join(f"{t} {n} files" for t, n in written.items())
     click.echo(f"demo lake in catalog '{engine.catalog.name}': {listing}")
+    from compaction_assets.demo_ui import run_dagster_dev, warm_spark
+
     if no_ui:
-        sys.exit(_compact_all(engine, list(written)))
-    from compaction_assets.demo_ui import run_dagster_dev
+        with warm_spark(engine.config):
+            sys.exit(_compact_all(engine, list(written)))
 
     sys.exit(run_dagster_dev(engine.config, port=port, stream=stream))
 

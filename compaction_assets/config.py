@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from compaction_assets import redact
 from compaction_assets.errors import ConfigError
 
 CONFIG_ENV = "COMPACTION_CONFIG"
@@ -152,11 +153,14 @@ def load_config(path: str | os.PathLike[str] | None = None) -> CompactionConfig:
 def parse_config(raw: dict[str, Any], base_dir: Path, source: str = "<inline>") -> CompactionConfig:
     """Validate a config mapping; `${VAR}` expands from the environment; relative paths resolve
     against `base_dir`."""
-    raw = _expand_env(raw, source, ())
+    expanded: set[tuple] = set()
+    raw = _expand_env(raw, source, (), expanded)
     try:
         cfg = CompactionConfig.model_validate({**raw, "source": source})
     except ValidationError as exc:
-        raise ConfigError(_format_validation_error(exc, source)) from None
+        raise ConfigError(_format_validation_error(exc, source, expanded)) from None
+    for key, value in [*cfg.catalog.properties.items(), ("uri", cfg.state.uri), *cfg.spark.conf.items()]:
+        redact.register(key, value)
     catalog_props = {k: _resolve_path_value(k, v, base_dir) for k, v in cfg.catalog.properties.items()}
     state_uri = _resolve_path_value("uri", cfg.state.uri, base_dir) if cfg.state.uri else None
     server_dir = str((base_dir / cfg.spark.server_dir).resolve())
@@ -169,35 +173,52 @@ def parse_config(raw: dict[str, Any], base_dir: Path, source: str = "<inline>") 
     )
 
 
-def _format_validation_error(exc: ValidationError, source: str) -> str:
+def _format_validation_error(exc: ValidationError, source: str, expanded: set[tuple]) -> str:
+    """One line per mistake naming its key; the offending value only when it cannot be a secret."""
     lines = [f"{source}: invalid compaction config"]
     for err in exc.errors():
-        key = ".".join(str(p) for p in err["loc"]) or "<top level>"
-        if err["type"] == "extra_forbidden":
-            lines.append(f"  {key}: unknown key")
+        loc = tuple(err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        if not loc:  # a whole-config check: its message names the keys
+            lines.append(f"  {msg}")
+        elif err["type"] == "extra_forbidden":
+            lines.append(f"  {'.'.join(map(str, loc))}: unknown key")
         else:
-            msg = err["msg"].removeprefix("Value error, ")
-            lines.append(f"  {key}: {msg} (got {err.get('input')!r})")
+            lines.append(f"  {'.'.join(map(str, loc))}: {msg}{_shown_input(loc, err.get('input'), expanded)}")
     return "\n".join(lines)
+
+
+def _shown_input(loc: tuple, value: Any, expanded: set[tuple]) -> str:
+    """' (got VALUE)' for a plain scalar typed in the file; nothing for credentials, `${VAR}`
+    values and whole sections (which may hold either)."""
+    from_env = any(loc[: len(p)] == p for p in expanded)
+    secret = any(redact.is_secret_key(str(part)) for part in loc)
+    if from_env or secret or isinstance(value, dict | list):
+        return ""
+    return f" (got {value!r})"
 
 
 _ENV_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
-def _expand_env(value: Any, source: str, path: tuple) -> Any:
-    """Replace ${NAME} in strings with the environment's value; an unset variable is an error."""
+def _expand_env(value: Any, source: str, path: tuple, expanded: set[tuple]) -> Any:
+    """Replace ${NAME} in strings with the environment's value; an unset variable is an error.
+    Adds the path of every string that had a variable to `expanded`."""
     if isinstance(value, dict):
-        return {k: _expand_env(v, source, (*path, k)) for k, v in value.items()}
+        return {k: _expand_env(v, source, (*path, k), expanded) for k, v in value.items()}
     if isinstance(value, list):
-        return [_expand_env(v, source, (*path, i)) for i, v in enumerate(value)]
-    if not isinstance(value, str):
+        return [_expand_env(v, source, (*path, i), expanded) for i, v in enumerate(value)]
+    if not isinstance(value, str) or not _ENV_VAR.search(value):
         return value
+    expanded.add(path)
 
     def lookup(match: re.Match) -> str:
         name = match.group(1)
         if name not in os.environ:
             key = ".".join(str(p) for p in path)
             raise ConfigError(f"{source}: {key}: environment variable {name} is not set")
+        if redact.is_secret_variable(name):
+            redact.register_value(os.environ[name])
         return os.environ[name]
 
     return _ENV_VAR.sub(lookup, value)
@@ -213,6 +234,8 @@ def _resolve_path_value(key: str, value: str, base_dir: Path) -> str:
     if key == "warehouse":
         if value.startswith("file://") and not value.startswith("file:///"):
             return f"file://{(base_dir / value.removeprefix('file://')).resolve()}"
+        if value.startswith("file:") and not value.startswith("file:/"):
+            return f"file://{(base_dir / value.removeprefix('file:')).resolve()}"
         if "://" not in value:
             return f"file://{(base_dir / value).resolve()}"
     return value

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import random
 from collections.abc import Iterable
+from pathlib import Path
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
@@ -15,7 +16,48 @@ from pyiceberg.table import Table
 from pyiceberg.transforms import DayTransform, IdentityTransform
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType, TimestampType
 
+from compaction_assets.config import CatalogConfig
+from compaction_assets.errors import CompactionError
+from compaction_assets.redact import redact
+
 DEMO_TABLES = ("demo.events", "sales.orders", "demo.metrics", "demo.users")
+MARKER_SUFFIX = ".demo-lake"  # beside the catalog's SQLite file: the demo created this catalog
+
+
+class NotADemoLake(CompactionError):
+    """The configured catalog is not one the demo created: the demo will not touch it."""
+
+
+def claim_demo_catalog(cfg: CatalogConfig) -> Path:
+    """The demo's SQLite catalog file: a new one (marked as the demo's now) or one marked earlier.
+
+    Raises NotADemoLake, naming the catalog, for any other catalog: the demo replaces its tables,
+    so it must never run on a lake that holds someone's real tables of the same names.
+    """
+    db = _sqlite_file(cfg.properties.get("uri", ""))
+    where = f"catalog '{cfg.name}' ({redact(cfg.properties.get('uri', 'no uri'))})"
+    if db is None:
+        raise NotADemoLake(f"{where} is not a local SQLite catalog: the demo only runs on a catalog it creates")
+    marker = db.with_name(db.name + MARKER_SUFFIX)
+    if db.exists() and not marker.exists():
+        raise NotADemoLake(
+            f"{where} was not created by the demo; it only replaces tables in a lake it created. Point "
+            f"--config at a config whose catalog file does not exist yet (or remove {db} if it is an old demo lake)"
+        )
+    db.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text("created by `compaction-assets demo`, which may replace its tables\n")
+    return db
+
+
+def is_demo_catalog(catalog: Catalog) -> bool:
+    db = _sqlite_file(catalog.properties.get("uri", ""))
+    return db is not None and db.with_name(db.name + MARKER_SUFFIX).exists()
+
+
+def _sqlite_file(uri: str) -> Path | None:
+    if not uri.startswith("sqlite:///") or uri.removeprefix("sqlite:///") in ("", ":memory:"):
+        return None
+    return Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
 
 
 def append_fragments(table: Table, batches: Iterable[pa.Table]) -> int:
@@ -33,7 +75,9 @@ def append_fragments(table: Table, batches: Iterable[pa.Table]) -> int:
 
 
 def create_demo_lake(catalog: Catalog, files_per_partition: int = 60, seed: int = 7) -> dict[str, int]:
-    """(Re)create the demo tables; returns files written per table."""
+    """(Re)create the demo tables in a catalog `claim_demo_catalog` marked; returns files per table."""
+    if not is_demo_catalog(catalog):
+        raise NotADemoLake(f"catalog '{catalog.name}' was not created by the demo: its tables are left alone")
     rng = random.Random(seed)
     for name in DEMO_TABLES:
         namespace = name.split(".")[0]

@@ -216,7 +216,8 @@ class Engine:
             plans = [p for p in plans if p.partition_key == partition]
             if not plans:
                 raise CompactionError(
-                    f"table '{table_name}' has no partition '{partition}' (known: {', '.join(known)})"
+                    f"table '{table_name}' has no partition '{partition}' "
+                    + (f"(known: {', '.join(known)})" if any(known) else "(it is unpartitioned)")
                 )
         snapshot = table.current_snapshot()
         tplan = TablePlan(table_name, snapshot.snapshot_id if snapshot else None, policy, plans, refused)

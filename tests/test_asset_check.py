@@ -32,6 +32,7 @@ def materialization_metadata(result) -> dict:
     return {k: v.value for k, v in event.metadata.items()}
 
 
+@pytest.mark.filterwarnings("error::DeprecationWarning:compaction_assets.*")  # e.g. AssetExecutionContext.run_id
 def test_materialising_a_partition_compacts_it_and_the_check_passes(lake, instance):
     table = create_fragmented(lake, "ns.t", {"eu": 30, "tiny": 3})
     before = rows_digest(table)
@@ -44,6 +45,7 @@ def test_materialising_a_partition_compacts_it_and_the_check_passes(lake, instan
     assert (meta["data_files_before"], meta["data_files_after"]) == (30, 1)
     assert meta["rows"] == 30 * 50 and meta["groups"] == 1 and meta["queue"] == "default"
     assert meta["task_id"] == result.run_id
+    assert 0 <= meta["dagster_run_fixed_cost_s"] < 600
     assert int(meta["snapshot_id"]) == lake.table("ns.t").current_snapshot().snapshot_id
     assert check.passed and check.check_name == "precommit_commit_consistency"
     assert rows_digest(lake.table("ns.t")) == before

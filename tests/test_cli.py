@@ -42,6 +42,8 @@ def test_compact_a_plain_pyiceberg_table_in_another_catalog(tmp_path, lake):
 
     assert run.returncode == 0, run.stderr
     assert "committed minor: 8 -> 1 files" in run.stdout
+    for noise in (" WARN ", "Setting default log level", "log4j profile", "[Stage "):  # Spark's, not ours
+        assert noise not in run.stderr + run.stdout, run.stderr
     table = catalog.load_table("ns.tbl")
     assert len(table.inspect.files()) == 1
     assert rows_digest(table) == before

@@ -1,16 +1,14 @@
 """Histories the model-based test (tests/test_stateful.py) found failing, kept as explicit tests.
 
 Each replays the minimal history Hypothesis printed, step by step on the same state machine, with
-every invariant checked after every step. The xfail ones are issue 15 defects still open on this
-branch: strict, so the test turns red (XPASS) the moment the fix lands and the marker must go.
+every invariant checked after every step. Each was an issue 15 defect when found; the reason
+stays in its docstring or name.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-
-import pytest
 
 from tests.stateful.machine import TableHistory
 

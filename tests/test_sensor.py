@@ -1,6 +1,7 @@
 """The fragmentation sensor on a real Dagster instance, evaluated with build_sensor_context."""
 
 import json
+import logging
 import time
 
 import pytest
@@ -158,3 +159,52 @@ def test_policy_change_replans_every_table_on_the_next_tick(queued_lake, instanc
     assert {r.tags["compaction/table"] for r in replanned.run_requests} <= {"sales.orders"}
     observed = {e.asset_key.path[-1] for e in replanned.asset_events}
     assert {"events", "flat"} <= observed  # fresh fragmentation observations for the re-planned tables
+
+
+class Collect(logging.Handler):
+    """The tick's log lines (the sensor context's logger, as the UI's tick log gets them)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def logged_tick(lake, instance, defs=None):  # noqa: ANN001, ANN201
+    defs = defs or build_definitions(load_config(lake.config_path))
+    context = build_sensor_context(
+        instance=instance,
+        definitions=defs,
+        resources={"compaction": CompactionResource(config_path=str(lake.config_path))},
+    )
+    collect = Collect()
+    context.log.addHandler(collect)
+    result = defs.get_sensor_def("fragmentation_sensor")(context)
+    return result, "\n".join(collect.lines)
+
+
+def test_skip_names_the_run_in_progress_and_a_paused_table_is_logged(queued_lake, instance):
+    tags = {"compaction/queue": "high", "compaction/table": "sales.orders", "dagster/partition": "region=eu"}
+    run = create_run_for_test(instance, job_name="compact__sales__orders", status=DagsterRunStatus.STARTED, tags=tags)
+    queued_lake.engine.set_enabled("ns.flat", False)
+
+    _, logs = logged_tick(queued_lake, instance)
+
+    assert "sales.orders [region=eu] (queue high, priority" in logs
+    assert f"already in progress (run {run.run_id})" in logs
+    assert "ns.flat: paused (compaction.enabled=false)" in logs
+
+
+def test_new_and_dropped_tables_ask_for_a_code_location_reload(queued_lake, instance, monkeypatch):
+    monkeypatch.delenv("COMPACTION_DAGSTER_URL", raising=False)
+    defs = build_definitions(load_config(queued_lake.config_path))  # loaded before the catalog changes
+    queued_lake.catalog.create_table("ns.fresh", schema=queued_lake.table("ns.flat").schema())
+    queued_lake.catalog.drop_table("ns.flat")
+    result, logs = logged_tick(queued_lake, instance, defs)
+
+    assert "tables changed (new: ns.fresh; dropped: ns.flat): reload code location" in logs
+    assert "COMPACTION_DAGSTER_URL" in logs
+    assert "ns.flat: cannot plan" not in logs  # a dropped table is not planned
+    assert ("ns.flat", "") not in requested(result)

@@ -12,12 +12,13 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 from dagster import DagsterInstance
 from dagster._core.instance.ref import InstanceRef
 
 from compaction_assets.config import load_config
 from compaction_assets.defs.build import build_definitions
-from compaction_assets.demo import create_demo_lake
+from compaction_assets.demo import claim_demo_catalog, create_demo_lake
 from compaction_assets.engine import Engine
 from tests.conftest import REPO, free_port, venv_bin
 
@@ -43,9 +44,12 @@ def demo_ui(tmp_path_factory, spark):
     root = tmp_path_factory.mktemp("demo-ui")
     home = root / ".dagster_home"
     home.mkdir()
-    shutil.copy(REPO / "compaction.yaml", root / "compaction.yaml")
+    doc = yaml.safe_load((REPO / "compaction.yaml").read_text())
+    doc["spark"]["mode"] = "local"  # the runs below execute in this process, on the test session's Spark
+    (root / "compaction.yaml").write_text(yaml.safe_dump(doc))
     shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
     config = load_config(root / "compaction.yaml")
+    claim_demo_catalog(config.catalog)
     engine = Engine(config, spark=lambda: spark)
     create_demo_lake(engine.catalog, files_per_partition=8)
     for table in ("demo.events", "demo.metrics", "demo.users"):
@@ -117,8 +121,19 @@ def test_asset_graph_and_table_page_show_compaction(demo_ui, tmp_path):
         overview = visit(
             "/assets/lake/sales/orders", ["data_files_after", "Latest check results"], "ui-table-asset.png"
         )
-        for key in ("data_files_before", "bytes_after", "snapshot_id", "task_id", "committed"):
+        for key in (
+            "data_files_before",
+            "bytes_after",
+            "snapshot_id",
+            "task_id",
+            "committed",
+            "dagster_run_fixed_cost_s",
+        ):
             assert key in overview
+        # README: the plots are a toggle in Overview > Metadata; there is no Plots tab
+        assert "Metadata" in overview
+        assert page.get_by_role("tab", name="Plots").count() == 0
+        assert page.get_by_role("tab", name="Overview").count() == 1
         checks = visit(
             "/assets/lake/sales/orders?view=checks", ["precommit_commit_consistency", "Passed"], "ui-checks.png"
         )

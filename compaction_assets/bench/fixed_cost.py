@@ -1,8 +1,12 @@
 """The fixed cost of a run: `compaction-assets compact` of a trivial partition, in a new process,
-cold (local mode: a JVM per run) against warm (connect mode: the shared Spark Connect server)."""
+cold (local mode: a JVM per run) against warm (connect mode: the shared Spark Connect server);
+and the same for a Dagster run (`dagster job execute`: what a launched run's process does), whose
+fixed cost is its wall time less the compaction's own seconds (`dagster_run_fixed_cost_s`)."""
 
 from __future__ import annotations
 
+import os
+import re
 import statistics
 import subprocess
 import sys
@@ -13,6 +17,7 @@ import yaml
 
 from compaction_assets.bench.datasets import rows
 from compaction_assets.config import load_config
+from compaction_assets.defs.naming import job_name
 from compaction_assets.demo import append_fragments
 from compaction_assets.execution import connect_server
 from compaction_assets.lake.catalog import open_catalog
@@ -36,18 +41,45 @@ def timed_compact(config_path: Path, name: str) -> float:
     return seconds
 
 
+_COMPACTION_S = re.compile(r"dagster_run_fixed_cost_s=[0-9.]+ \(run launch to result, less ([0-9.]+)s of compaction")
+
+
+def timed_dagster_run(config_path: Path, name: str) -> tuple[float, float]:
+    """Wall seconds of a Dagster run compacting table `name` in a new process, and its fixed cost."""
+    home = config_path.parent / "dagster-home"
+    home.mkdir(exist_ok=True)
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    env = {**os.environ, "COMPACTION_CONFIG": str(config_path), "DAGSTER_HOME": str(home)}
+    dagster = str(Path(sys.executable).parent / "dagster")
+    command = [dagster, "job", "execute", "-m", "compaction_assets.definitions", "-j", job_name(name)]
+    started = time.perf_counter()
+    done = subprocess.run(command, env=env, cwd=home, capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    found = _COMPACTION_S.search(done.stdout + done.stderr)
+    if done.returncode != 0 or not found:
+        raise RuntimeError(f"bench: dagster run of {name} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+    return seconds, seconds - float(found.group(1))
+
+
 def measure(config_path: Path, port: int, runs: int = 3, log=print) -> dict[str, float]:  # noqa: ANN001
     """Median seconds of `runs` cold and `runs` warm runs (after one warm-up run on the server)."""
     doc = yaml.safe_load(config_path.read_text())
     doc["spark"] = {**doc["spark"], "mode": "connect", "remote": f"sc://127.0.0.1:{port}", "server_dir": "spark-server"}
     connect_path = config_path.with_name("connect.yaml")
     connect_path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    for i in range(2 * runs + 1):
+    for i in range(4 * runs + 1):
         trivial_table(config_path, f"bench.trivial{i}")
     cold = []
     for i in range(runs):
         cold.append(timed_compact(config_path, f"bench.trivial{i}"))
         log(f"[fixed cost] cold local run {i + 1}: {cold[-1]:.2f}s")
+    dagster_cold = []
+    for i in range(runs):
+        dagster_cold.append(timed_dagster_run(config_path, f"bench.trivial{2 * runs + 1 + i}"))
+        log(
+            f"[fixed cost] Dagster run, local Spark {i + 1}: {dagster_cold[-1][0]:.2f}s, "
+            f"fixed {dagster_cold[-1][1]:.2f}s"
+        )
     spark = load_config(connect_path).spark
     started = time.perf_counter()
     connect_server.start(spark)
@@ -59,13 +91,27 @@ def measure(config_path: Path, port: int, runs: int = 3, log=print) -> dict[str,
         for i in range(runs):
             warm.append(timed_compact(connect_path, f"bench.trivial{runs + 1 + i}"))
             log(f"[fixed cost] warm connect run {i + 1}: {warm[-1]:.2f}s")
+        dagster_warm = []
+        for i in range(runs):
+            dagster_warm.append(timed_dagster_run(connect_path, f"bench.trivial{3 * runs + 1 + i}"))
+            log(
+                f"[fixed cost] Dagster run, warm Spark {i + 1}: {dagster_warm[-1][0]:.2f}s, "
+                f"fixed {dagster_warm[-1][1]:.2f}s"
+            )
     finally:
         connect_server.stop(spark)
     cold_s, warm_s = statistics.median(cold), statistics.median(warm)
+    dagster_cold_s = statistics.median(s for s, _ in dagster_cold)
+    dagster_warm_s = statistics.median(s for s, _ in dagster_warm)
     return {
         "cold_local_s": cold_s,
         "warm_connect_s": warm_s,
         "server_start_s": server_start,
         "first_run_on_server_s": warmup,
         "warm_over_cold": warm_s / cold_s,
+        "dagster_run_local_s": dagster_cold_s,
+        "dagster_run_warm_s": dagster_warm_s,
+        "dagster_run_fixed_cost_s": statistics.median(f for _, f in dagster_warm),
+        "dagster_run_fixed_cost_local_s": statistics.median(f for _, f in dagster_cold),
+        "dagster_warm_over_local": dagster_warm_s / dagster_cold_s,
     }

@@ -265,6 +265,12 @@ def run_bench(
     if cost := report.extras.get("fixed_cost"):
         cold, warm = cost["cold_local_s"], cost["warm_connect_s"]
         log(f"warm_over_cold={cost['warm_over_cold']:.3f} (cold {cold:.1f}s, warm {warm:.1f}s)")
+        log(
+            f"dagster_run_fixed_cost_s={cost['dagster_run_fixed_cost_s']:.2f} (local Spark "
+            f"{cost['dagster_run_fixed_cost_local_s']:.2f}); "
+            f"dagster_warm_over_local={cost['dagster_warm_over_local']:.3f} "
+            f"(run {cost['dagster_run_warm_s']:.1f}s warm, {cost['dagster_run_local_s']:.1f}s local)"
+        )
     if commits := report.extras.get("commits"):
         log(f"commits_per_table={commits['commits']} for {commits['partitions_compacted']} partitions")
     for d in report.datasets:

@@ -24,6 +24,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from compaction_assets.errors import CompactionError
 from compaction_assets.lake.storage import Claims
+from compaction_assets.redact import redact
 
 
 class Status(StrEnum):
@@ -206,14 +207,14 @@ class Ledger:
         return self._transition(attempt_id, [Status.PREPARED], Status.COMMITTED, committed_snapshot_id=snapshot_id)
 
     def mark_failed(self, attempt_id: str, reason: str) -> Attempt:
-        return self._transition(attempt_id, [Status.EXECUTING], Status.FAILED, reason=reason)
+        return self._transition(attempt_id, [Status.EXECUTING], Status.FAILED, reason=redact(reason))
 
     def mark_rolled_back(self, attempt_id: str, reason: str) -> Attempt:
-        return self._transition(attempt_id, list(OPEN), Status.ROLLED_BACK, reason=reason)
+        return self._transition(attempt_id, list(OPEN), Status.ROLLED_BACK, reason=redact(reason))
 
     def park(self, attempt_id: str, reason: str) -> Attempt:
         """An open attempt recovery cannot finish: FAILED with the reason, its files left as they are."""
-        return self._transition(attempt_id, list(OPEN), Status.FAILED, reason=f"parked: {reason}")
+        return self._transition(attempt_id, list(OPEN), Status.FAILED, reason=redact(f"parked: {reason}"))
 
     def note_recovery_failure(self, attempt_id: str, error: str) -> int:
         """Record on an open attempt that recovering it failed; returns how many times it has so far."""
@@ -224,7 +225,7 @@ class Ledger:
             session.execute(
                 update(AttemptRow)
                 .where(AttemptRow.attempt_id == attempt_id, AttemptRow.status.in_([str(s) for s in OPEN]))
-                .values(reason=f"recovery failed {count}x: {error}")
+                .values(reason=redact(f"recovery failed {count}x: {error}"))
             )
         return count
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from dagster import AssetKey, AssetSelection, AssetSpec, Definitions, define_asset_job, in_process_executor
 
 from compaction_assets.config import CompactionConfig
@@ -11,18 +13,27 @@ from compaction_assets.defs.gc_assets import gc_asset, gc_schedule
 from compaction_assets.defs.naming import job_name, table_key
 from compaction_assets.defs.resources import CompactionResource, pyspark_resource
 from compaction_assets.defs.sensors import fragmentation_sensor, recover_job, recovery_sensor
-from compaction_assets.errors import ConfigError
+from compaction_assets.errors import CatalogError, ConfigError
 from compaction_assets.lake.catalog import load_table, managed_tables, open_catalog
 from compaction_assets.planning.policy import Policy, resolve_policy
+from compaction_assets.redact import redact
+
+log = logging.getLogger(__name__)
 
 
 def build_definitions(config: CompactionConfig) -> Definitions:
     catalog = open_catalog(config.catalog)
     assets, checks, jobs = [], [], []
     partitioned: dict[str, bool] = {}
+    left_out: set[str] = set()
     upstream: set[AssetKey] = set()
     for name in managed_tables(catalog, config):
-        table = load_table(catalog, name)
+        try:
+            table = load_table(catalog, name)
+        except CatalogError as exc:  # one unusable table must not take the code location down
+            log.warning(redact(f"{name}: left out: {exc}"))
+            left_out.add(name)
+            continue
         rule = config.rule_for(name)
         try:
             policy = resolve_policy(name, rule.policy, table.properties)
@@ -45,7 +56,7 @@ def build_definitions(config: CompactionConfig) -> Definitions:
         jobs=[*jobs, recover_job],
         schedules=[gc_schedule(list(partitioned))] if partitioned else [],
         sensors=[
-            fragmentation_sensor(partitioned, jobs, scheduling.sensor_interval_seconds),
+            fragmentation_sensor(partitioned, jobs, scheduling.sensor_interval_seconds, frozenset(left_out)),
             recovery_sensor(scheduling.recovery_interval_seconds),
         ],
         resources={"compaction": CompactionResource(config_path=config.source), "pyspark": pyspark_resource(config)},

@@ -7,6 +7,8 @@ TABLE_TAG = "compaction/table"
 PRIORITY_TAG = "dagster/priority"
 PARTITION_TAG = "dagster/partition"
 CHECK_NAME = "precommit_commit_consistency"
+LOCATION_NAME = "compaction_assets"  # the code location, in workspace.yaml and the demo's workspace
+WEBSERVER_ENV = "COMPACTION_DAGSTER_URL"  # the webserver the sensor asks to reload the code location
 
 
 def table_key(table_name: str) -> AssetKey:

@@ -5,7 +5,7 @@ from dagster_pyspark import LazyPySparkResource
 
 from compaction_assets.config import CompactionConfig, load_config
 from compaction_assets.engine import Engine
-from compaction_assets.execution.spark import ensure_worker_python, spark_conf
+from compaction_assets.execution.spark import ensure_worker_python, require_server, spark_conf
 
 
 class CompactionResource(ConfigurableResource):
@@ -17,14 +17,16 @@ class CompactionResource(ConfigurableResource):
         return load_config(self.config_path)
 
     def engine(self, spark: LazyPySparkResource | None = None) -> Engine:
+        config = self.load()
         if spark is None:
-            return Engine(self.load())
+            return Engine(config)
 
         def session():  # noqa: ANN202 - a SparkSession, local or Connect
+            require_server(config.spark)
             ensure_worker_python()
             return spark.spark_session
 
-        return Engine(self.load(), spark=session)
+        return Engine(config, spark=session)
 
 
 def pyspark_resource(config: CompactionConfig) -> LazyPySparkResource:

@@ -3,9 +3,13 @@
 import datetime as dt
 import hashlib
 import json
+import logging
+import os
+import threading
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from urllib.parse import urlparse
 
 from dagster import (
     AddDynamicPartitionsRequest,
@@ -31,10 +35,12 @@ from compaction_assets.commit.ledger import OPEN
 from compaction_assets.commit.recovery import orphaned_because
 from compaction_assets.config import CompactionConfig
 from compaction_assets.defs.naming import (
+    LOCATION_NAME,
     PARTITION_TAG,
     PRIORITY_TAG,
     QUEUE_TAG,
     TABLE_TAG,
+    WEBSERVER_ENV,
     job_name,
     partitions_name,
     pool_name,
@@ -43,8 +49,9 @@ from compaction_assets.defs.naming import (
 from compaction_assets.defs.resources import CompactionResource
 from compaction_assets.engine import Engine
 from compaction_assets.errors import CompactionError
-from compaction_assets.lake.catalog import load_table, metadata_locations
+from compaction_assets.lake.catalog import load_table, managed_tables, metadata_locations
 from compaction_assets.planning.scheduling import Candidate, decide
+from compaction_assets.redact import redact
 
 IN_PROGRESS = [
     DagsterRunStatus.QUEUED,
@@ -95,8 +102,11 @@ def sync_pool_limits(instance: DagsterInstance, config: CompactionConfig) -> Non
             storage.set_concurrency_slots(pool, queue.max_concurrent_runs)
 
 
-def fragmentation_sensor(tables: dict[str, bool], jobs: list[JobDefinition], interval_seconds: int) -> SensorDefinition:
-    """`tables`: managed table name -> partitioned?"""
+def fragmentation_sensor(
+    tables: dict[str, bool], jobs: list[JobDefinition], interval_seconds: int, left_out: frozenset[str] = frozenset()
+) -> SensorDefinition:
+    """`tables`: managed table name -> partitioned?; `left_out`: managed tables that have no asset
+    because they could not be loaded (a catalog change is a table entering or leaving either)."""
 
     @sensor(
         name="fragmentation_sensor",
@@ -107,13 +117,16 @@ def fragmentation_sensor(tables: dict[str, bool], jobs: list[JobDefinition], int
         "requests compaction of fragmented partitions, by priority, within each queue's capacity.",
     )
     def _sensor(context: SensorEvaluationContext, compaction: CompactionResource) -> SensorResult:
-        return evaluate_fragmentation(context, compaction.load(), tables)
+        return evaluate_fragmentation(context, compaction.load(), tables, left_out)
 
     return _sensor
 
 
 def evaluate_fragmentation(
-    context: SensorEvaluationContext, config: CompactionConfig, tables: dict[str, bool]
+    context: SensorEvaluationContext,
+    config: CompactionConfig,
+    tables: dict[str, bool],
+    left_out: frozenset[str] = frozenset(),
 ) -> SensorResult:
     engine = Engine(config)  # no Spark: the sensor only plans
     sync_pool_limits(context.instance, config)
@@ -122,9 +135,14 @@ def evaluate_fragmentation(
     if cursor.config != fingerprint:  # a policy, priority or queue changed: look at every table again
         cursor.snapshots, cursor.versions, cursor.config = {}, {}, fingerprint
     locations = metadata_locations(engine.catalog)
+    present = set(locations) if locations is not None else set(managed_tables(engine.catalog, config))
+    present = {n for n in present if config.rule_for(n) is not None}
+    added, dropped = sorted(present - set(tables) - left_out), sorted((set(tables) | left_out) - present)
+    if added or dropped:
+        reload_code_location(context, added, dropped)
     runs = context.instance.get_runs(RunsFilter(statuses=IN_PROGRESS))
     queue_load = Counter(r.tags[QUEUE_TAG] for r in runs if QUEUE_TAG in r.tags)
-    in_flight = {(r.tags[TABLE_TAG], r.tags.get(PARTITION_TAG, "")) for r in runs if TABLE_TAG in r.tags}
+    in_flight = {(r.tags[TABLE_TAG], r.tags.get(PARTITION_TAG, "")): r.run_id for r in runs if TABLE_TAG in r.tags}
     now = time.time()
     candidates: list[Candidate] = []
     partition_requests: list = []
@@ -135,6 +153,8 @@ def evaluate_fragmentation(
         if rule is None:
             context.log.info(f"{name}: no longer matches a `tables:` rule; skipped")
             continue
+        if name not in present:
+            continue  # dropped: the reload above removes its asset
         waiting = [k for k in cursor.waiting if k.startswith(f"{name}|")]
         known = locations is not None and name in cursor.versions
         if known and cursor.versions[name] == locations.get(name) and not waiting:
@@ -150,9 +170,11 @@ def evaluate_fragmentation(
                 continue
             tplan = engine.plan_for(table, name)
         except CompactionError as exc:
-            context.log.warning(f"{name}: cannot plan: {exc}")
+            context.log.warning(redact(f"{name}: cannot plan: {exc}"))
             continue
         planned.append(name)
+        if not tplan.policy.enabled:
+            context.log.info(f"{name}: paused (compaction.enabled=false): not compacted; `compaction-assets resume`")
         if partitioned:
             partition_requests.extend(
                 _partition_sync(context.instance, name, [p.partition_key for p in tplan.partitions])
@@ -188,7 +210,9 @@ def evaluate_fragmentation(
         cursor.snapshots[name] = snapshot_id
         cursor.versions[name] = table.metadata_location
     capacities = {q.name: q.capacity for q in config.queues}
-    decisions = decide(candidates, queue_load, capacities, in_flight, now, config.scheduling.ageing_points_per_minute)
+    decisions = decide(
+        candidates, queue_load, capacities, set(in_flight), now, config.scheduling.ageing_points_per_minute
+    )
     run_requests = []
     for d in decisions:
         c = d.candidate
@@ -196,7 +220,8 @@ def evaluate_fragmentation(
         if d.requested or "already queued" in d.reason:
             cursor.waiting.pop(f"{c.table_name}|{c.partition_key}", None)
         if not d.requested:
-            context.log.info(f"skip {where}: {d.reason}")
+            run_id = in_flight.get((c.table_name, c.partition_key))
+            context.log.info(f"skip {where}: " + (f"already in progress (run {run_id})" if run_id else d.reason))
             continue
         context.log.info(f"request {where}: benefit {c.benefit:.2f} files/MiB")
         run_requests.append(
@@ -222,6 +247,39 @@ def evaluate_fragmentation(
     )
 
 
+def reload_code_location(context: SensorEvaluationContext, added: list[str], dropped: list[str]) -> None:
+    """New or dropped managed tables: reload the code location so its assets follow the catalog.
+
+    Through the webserver's GraphQL API (`reload_repository_location`), whose address the demo
+    puts in $COMPACTION_DAGSTER_URL; without it the log says how to reload by hand. The call runs
+    beside the tick: the reload replaces the process this sensor runs in."""
+    origin = context.code_location_origin
+    location = origin.location_name if origin else LOCATION_NAME
+    change = "; ".join(
+        part
+        for part in (f"new: {', '.join(added)}" if added else "", f"dropped: {', '.join(dropped)}" if dropped else "")
+        if part
+    )
+    url = os.environ.get(WEBSERVER_ENV)
+    if not url:
+        context.log.info(
+            f"tables changed ({change}): reload code location '{location}' to show them (UI: Deployment > "
+            f"Reload, or set {WEBSERVER_ENV}=http://host:port for the sensor to do it)"
+        )
+        return
+    context.log.info(f"tables changed ({change}): reloading code location '{location}' through {url}")
+    threading.Thread(target=_reload, args=(url, location), daemon=True).start()
+
+
+def _reload(url: str, location: str) -> None:
+    from dagster_graphql import DagsterGraphQLClient
+
+    parsed = urlparse(url)
+    client = DagsterGraphQLClient(parsed.hostname or "127.0.0.1", port_number=parsed.port, timeout=120)
+    info = client.reload_repository_location(location)
+    logging.getLogger(__name__).info(f"code location '{location}' reloaded: {info.status}")
+
+
 def _partition_sync(instance: DagsterInstance, table_name: str, keys: list[str]) -> list:
     """Requests that make the table's dynamic partitions equal its Iceberg partitions."""
     name = partitions_name(table_name)
@@ -243,7 +301,7 @@ def recover_orphaned_attempts(context: OpExecutionContext, compaction: Compactio
         f"rolled back {report.rolled_back}, abandoned {report.abandoned}"
     )
     if report.errors:
-        raise CompactionError("could not recover: " + "; ".join(report.errors))
+        raise CompactionError(redact("could not recover: " + "; ".join(report.errors)))
 
 
 @job(name="recover_compaction_tasks", tags={"compaction/maintenance": "recovery"})

@@ -7,18 +7,23 @@ layer's LazyPySparkResource: `spark.master` for local mode, `spark.remote` for S
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from pathlib import Path
+from urllib.parse import urlparse
 
 from pyspark.sql import SparkSession
 
 from compaction_assets.config import SparkConfig
+from compaction_assets.errors import CompactionError
 
 # Defaults suited to compaction jobs in local mode; anything in compaction.yaml's spark.conf wins.
+LOG4J2 = Path(__file__).with_name("log4j2.properties")  # errors only: no WARN lines in the CLI's output
 LOCAL_DEFAULTS = {
     "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
     "spark.sql.shuffle.partitions": "8",
-    "spark.driver.extraJavaOptions": "-Dderby.system.home=/tmp",
+    "spark.driver.extraJavaOptions": f"-Dderby.system.home=/tmp -Dlog4j2.configurationFile=file://{LOG4J2}",
 }
 
 
@@ -49,6 +54,22 @@ def shared_remote(cfg: SparkConfig) -> str:
     return f"{base}{';' if '/;' in base else '/;'}session_id={session}"
 
 
+def require_server(cfg: SparkConfig, timeout_s: float = 3.0) -> None:
+    """Connect mode: fail at once, naming `spark.remote`, when no server listens there (the
+    client would otherwise retry for minutes)."""
+    if cfg.mode != "connect":
+        return
+    url = urlparse(cfg.remote)
+    try:
+        with socket.create_connection((url.hostname or "localhost", url.port or 15002), timeout=timeout_s):
+            return
+    except OSError:
+        raise CompactionError(
+            f"spark.mode is connect but no Spark Connect server answers at {cfg.remote}: "
+            "start it with `compaction-assets spark-server start` (the demo starts its own)"
+        ) from None
+
+
 def ensure_worker_python() -> None:
     """Spark's Python workers must run an interpreter with this package installed.
 
@@ -60,6 +81,7 @@ def ensure_worker_python() -> None:
 
 def spark_session(cfg: SparkConfig) -> SparkSession:
     """Get or create the session the config describes."""
+    require_server(cfg)
     ensure_worker_python()
     builder = SparkSession.builder
     for key, value in spark_conf(cfg).items():

@@ -31,11 +31,29 @@ def open_catalog(cfg: CatalogConfig) -> Catalog:
 def load_table(catalog: Catalog, name: str) -> Table:
     """Load "namespace.table", with an error naming the table and the catalog if it is not there."""
     try:
-        return catalog.load_table(name)
+        table = catalog.load_table(name)
     except (NoSuchTableError, NoSuchNamespaceError):
         raise TableNotFound(f"table '{name}' not found in catalog '{catalog.name}'") from None
     except Exception as exc:
+        try:
+            location = (metadata_locations(catalog) or {}).get(name) or ""
+        except CatalogError:
+            location = ""
+        _refuse_relative(name, location)
         raise CatalogError(f"table '{name}': cannot load it from catalog '{catalog.name}': {exc}") from exc
+    _refuse_relative(name, table.location())
+    return table
+
+
+def _refuse_relative(name: str, location: str) -> None:
+    """`file://.lake/x` means a different file in every working folder (pyiceberg takes '.lake' for
+    part of a relative path, pyarrow for a host): no process may compact or collect it."""
+    if location.startswith("file://") and not location.startswith(("file:///", "file://localhost/")):
+        raise CatalogError(
+            f"table '{name}': its location {location} is a relative file URI (its writer's warehouse "
+            "was file://<relative path>, read against each process's working folder); write tables "
+            "with an absolute warehouse, file:///<absolute path>"
+        )
 
 
 def metadata_locations(catalog: Catalog) -> dict[str, str | None] | None:

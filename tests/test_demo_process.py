@@ -1,0 +1,137 @@
+"""`compaction-assets demo` as a user runs it: runs on the warm Spark it started, report their
+fixed cost, a new table appears in the UI without a manual reload, and SIGINT or SIGTERM to the
+demo's PID leaves no process behind."""
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from compaction_assets.config import load_config
+from compaction_assets.demo_ui import session_members
+from compaction_assets.execution import connect_server
+from compaction_assets.lake.catalog import open_catalog
+from tests.conftest import CLI, REPO, free_port
+
+FIXED_COST = re.compile(r"dagster_run_fixed_cost_s=([0-9.]+) \(.*spark connect\)")
+
+
+def asset_keys(graphql: str) -> list[list[str]]:
+    body = json.dumps({"query": "{ assetNodes { assetKey { path } } }"}).encode()
+    request = urllib.request.Request(graphql, data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return [n["assetKey"]["path"] for n in json.load(response)["data"]["assetNodes"]]
+    except (OSError, KeyError, TypeError):
+        return []
+
+
+def answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=3) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(1)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def wait_for(condition, seconds: float, what: str, log: Path) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} within {seconds}s; demo output:\n{log.read_text()[-4000:]}")
+        time.sleep(1)
+
+
+@pytest.mark.parametrize(
+    ("signum", "to_group"), [(signal.SIGTERM, False), (signal.SIGINT, True)], ids=["kill-TERM-pid", "ctrl-c"]
+)
+def test_demo_runs_on_warm_spark_and_a_signal_stops_everything(tmp_path, signum, to_group):
+    """SIGTERM to the demo's PID; SIGINT to its whole process group, as Ctrl-C in a terminal sends it."""
+    spark_port, ui_port = free_port(), free_port()
+    config_path = tmp_path / "compaction.yaml"
+    config_path.write_text(
+        (REPO / "compaction.yaml").read_text().replace("sc://127.0.0.1:15002", f"sc://127.0.0.1:{spark_port}")
+    )
+    spark = load_config(config_path).spark
+    assert spark.mode == "connect"  # the default deployment runs on the warm Spark
+    log = tmp_path / "demo.log"
+    env = {**os.environ, "COMPACTION_CONFIG": str(config_path)}
+    env.pop("DAGSTER_HOME", None)
+    demo = subprocess.Popen(
+        [*CLI, "demo", "--files-per-partition", "6", "--port", str(ui_port)],
+        env=env,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # as a terminal would: the demo leads its own session
+    )
+    try:
+        url = f"http://127.0.0.1:{ui_port}/server_info"
+        wait_for(lambda: answers(url), 300, "the UI did not answer", log)
+        server_pid = connect_server.status(spark).pid
+        assert server_pid is not None and listening(spark_port)
+        if signum == signal.SIGTERM:  # a compaction run on the warm Spark reports its fixed cost
+            wait_for(lambda: FIXED_COST.search(log.read_text()), 300, "no run reported its fixed cost", log)
+            print("fixed costs:", FIXED_COST.findall(log.read_text()))
+            # a table created now shows up in the UI without a manual reload
+            catalog = open_catalog(load_config(config_path).catalog)
+            catalog.create_table("demo.fresh", schema=pa.schema([("id", pa.int64())]))
+            graphql = f"http://127.0.0.1:{ui_port}/graphql"
+            wait_for(lambda: ["lake", "demo", "fresh"] in asset_keys(graphql), 240, "demo.fresh not in the UI", log)
+            assert "tables changed (new: demo.fresh): reloading code location 'compaction_assets'" in log.read_text()
+        [dagster_dev] = [p for p in _children(demo.pid) if session_members(p)[:1] == [p]]  # leads its session
+        before = session_members(demo.pid) + session_members(dagster_dev)
+        assert len(before) > 3  # demo, dagster dev, webserver, daemon, code server, Spark, ...
+
+        if to_group:
+            os.killpg(demo.pid, signum)
+        else:
+            demo.send_signal(signum)
+        assert demo.wait(timeout=180) == 0
+
+        left = [p for p in before if _alive(p)] + session_members(demo.pid) + session_members(dagster_dev)
+        assert not left, f"left behind: {left}"
+        assert not _alive(server_pid)
+        assert not answers(url) and not listening(ui_port) and not listening(spark_port)
+        output = log.read_text()
+        assert "will not be used" not in output  # Dagster's warning about a dagster.yaml in the cwd
+        assert "Setting default log level" not in output and " WARN " not in output
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+        for pid in session_members(demo.pid):
+            os.kill(pid, signal.SIGKILL)
+        if connect_server.status(spark).pid:
+            connect_server.stop(spark)
+
+
+def _children(parent: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == parent:
+                found.append(int(stat.parent.name))
+        except OSError:
+            continue
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
