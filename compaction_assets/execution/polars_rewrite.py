@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -154,6 +155,7 @@ def rewrite_with_polars(
             physical = frame.collect_schema().names()
             if physical != target.names:
                 frame = frame.rename(dict(zip(physical, target.names, strict=True)))
+            os.makedirs(os.path.dirname(local), exist_ok=True)  # a partition's first file: Polars makes no folders
             frame.sink_parquet(local, **options)
             footer = pq.read_metadata(local)
             if footer.num_rows != sum(s.records for s in chunk):
