@@ -8,8 +8,8 @@ naming the path (Java's PrefixMismatchMode.ERROR). Paths are never URI-decoded: 
 `region=a%2Fb` as the directory's real name.
 
 `delete_unreferenced` is the only way files of a table are deleted: whoever calls it, it skips
-every file a snapshot the table still has references (read from the catalog at that moment) and
-every file an open task attempt claims.
+every file a snapshot the table still has, or its metadata's statistics, references (read from
+the catalog at that moment) and every file an open task attempt claims.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from pyarrow import fs as pafs
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.table import Table
+from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Snapshot
 
 from compaction_assets.errors import CompactionError
@@ -139,6 +140,13 @@ def file_sizes(io: FileIO, paths: list[str]) -> dict[str, int]:
     return sizes
 
 
+def statistics_files(metadata: TableMetadata) -> set[str]:
+    """The table's statistics and partition statistics files (Puffin, or Parquet under metadata/, as
+    Java's compute_partition_stats writes them): referenced by the table metadata, not by any
+    manifest (Java's ReachableFileUtil.statisticsFilesLocations)."""
+    return {s.statistics_path for s in [*metadata.statistics, *metadata.partition_statistics]}
+
+
 def reachable(io: FileIO, snapshots: Iterable[Snapshot]) -> set[str]:
     """Manifest lists, manifests and live data/delete files of the given snapshots."""
     files: set[str] = set()
@@ -185,7 +193,7 @@ def delete_unreferenced(table: Table, paths: Iterable[str], claims: Claims) -> i
             f"table '{name}': refusing to delete {outside[0]}: outside table location {location}; nothing was deleted"
         )
     current = table.catalog.load_table(table.name())
-    referenced = PathSet(reachable(current.io, current.metadata.snapshots))
+    referenced = PathSet(reachable(current.io, current.metadata.snapshots) | statistics_files(current.metadata))
     try:
         doomed = [p for p in paths if p not in referenced and not claims.covers(p)]
     except PrefixMismatch as exc:

@@ -4,9 +4,9 @@ them later, once no retained snapshot and no in-flight task needs them.
 1. Expire snapshots older than the retention, always keeping the newest `min_snapshots_to_keep`
    and every branch or tag head.
 2. Delete files (data files, manifests, manifest lists) reachable only from expired snapshots.
-3. Delete orphans: data and manifest files under the table location that no snapshot references
-   and no open task attempt owns, older than the grace period (a writer may be about to commit a
-   newer one).
+3. Delete orphans: data and manifest files under the table location that no snapshot references,
+   that are no statistics file of the table metadata, and that no open task attempt owns, older
+   than the grace period (a writer may be about to commit a newer one).
 Nothing an open attempt claims (files it reads or writes) is deleted in 2 or 3. Paths are compared
 by file identity, not spelling (lake.storage: `/a`, `file:/a`, `file:///a` are one file). Any path
 outside the table's own location, or matching a referenced one but for scheme or authority, is
@@ -34,6 +34,7 @@ from compaction_assets.lake.storage import (
     delete_unreferenced,
     file_sizes,
     is_inside,
+    statistics_files,
     table_files,
 )
 from compaction_assets.lake.storage import reachable as storage_reachable
@@ -107,6 +108,7 @@ def collect_garbage(
     kept = _snapshots_to_keep(table, policy, now_ms)
     expired = [s for s in table.metadata.snapshots if s.snapshot_id not in kept]
     retained_paths = reachable(table, [s for s in table.metadata.snapshots if s.snapshot_id in kept])
+    retained_paths |= statistics_files(table.metadata)
     expired_paths = reachable(table, expired)
     retained, referenced = PathSet(retained_paths), PathSet([*retained_paths, *expired_paths])
     listed = table_files(location, ORPHAN_SUFFIXES, table.io)

@@ -1,0 +1,47 @@
+"""Attacks on recovery and GC: histories other engines make that once broke rule 4 (a referenced
+file deleted) or left attempts open."""
+
+import os
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyiceberg.table.statistics import PartitionStatisticsFile
+from pyiceberg.table.update import SetPartitionStatisticsUpdate
+
+from compaction_assets.lake.digest import rows_digest
+from compaction_assets.maintenance.gc import GcPolicy, collect_garbage
+from tests.conftest import create_fragmented
+
+KEEP_ONLY_CURRENT = GcPolicy(max_snapshot_age_ms=0, min_snapshots_to_keep=1, orphan_grace_ms=3600_000)
+HOUR_AGO = time.time() - 7200
+
+
+def local(uri: str) -> Path:
+    return Path(urlparse(uri).path)
+
+
+def test_gc_keeps_the_partition_statistics_file_the_table_metadata_references(lake):
+    """Java Iceberg's compute_partition_stats writes metadata/partition-stats-<snapshot>-<uuid>.parquet
+    and registers it in the table metadata (`partition-statistics`). GC took that .parquet file,
+    named by no manifest, for an orphan and deleted it once past the grace period."""
+    table = create_fragmented(lake, "ns.t", {"eu": 3})
+    snapshot_id = table.current_snapshot().snapshot_id
+    stats_path = f"{table.location()}/metadata/partition-stats-{snapshot_id}-0001.parquet"
+    pq.write_table(pa.table({"partition": ["eu"], "data_record_count": [150]}), local(stats_path))
+    os.utime(local(stats_path), (HOUR_AGO, HOUR_AGO))
+    stats = PartitionStatisticsFile(
+        snapshot_id=snapshot_id, statistics_path=stats_path, file_size_in_bytes=local(stats_path).stat().st_size
+    )
+    lake.catalog.commit_table(table, (), (SetPartitionStatisticsUpdate(partition_statistics=stats),))
+    table = lake.table("ns.t")
+    assert [s.statistics_path for s in table.metadata.partition_statistics] == [stats_path]
+    before = rows_digest(table)
+
+    report = collect_garbage(table, lake.engine.ledger, KEEP_ONLY_CURRENT)
+
+    assert stats_path not in report.orphan_files
+    assert local(stats_path).exists()
+    assert rows_digest(lake.table("ns.t")) == before
