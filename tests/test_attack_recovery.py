@@ -8,12 +8,15 @@ from urllib.parse import urlparse
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from pyiceberg.table.statistics import PartitionStatisticsFile
 from pyiceberg.table.update import SetPartitionStatisticsUpdate
 
+from compaction_assets.errors import CompactionError
 from compaction_assets.lake.digest import rows_digest
+from compaction_assets.maintenance import gc
 from compaction_assets.maintenance.gc import GcPolicy, collect_garbage
-from tests.conftest import create_fragmented
+from tests.conftest import batch, create_fragmented
 
 KEEP_ONLY_CURRENT = GcPolicy(max_snapshot_age_ms=0, min_snapshots_to_keep=1, orphan_grace_ms=3600_000)
 HOUR_AGO = time.time() - 7200
@@ -45,3 +48,29 @@ def test_gc_keeps_the_partition_statistics_file_the_table_metadata_references(la
     assert stats_path not in report.orphan_files
     assert local(stats_path).exists()
     assert rows_digest(lake.table("ns.t")) == before
+
+
+def test_gc_does_not_expire_a_snapshot_another_engine_made_current_meanwhile(lake, monkeypatch):
+    """GC decides what to expire from the table as read at its start, then lists the table location
+    (seconds on an object store). Another engine rolled main back to an old snapshot meanwhile;
+    pyiceberg's expire_snapshots has no requirement, so the expiry removed that snapshot and with it
+    the main ref: the table read empty. The rollback is run from inside the listing (the real
+    listing still runs) to pin the interleaving."""
+    table = create_fragmented(lake, "ns.t", {"eu": 1})
+    first = table.current_snapshot().snapshot_id
+    rows_then = rows_digest(table, snapshot_id=first)
+    table.append(batch(10_000, 50, "eu"))
+    table.append(batch(20_000, 50, "eu"))
+    real_listing = gc.table_files
+
+    def listing_while_another_engine_rolls_back(*args, **kwargs):
+        lake.table("ns.t").manage_snapshots().rollback_to_snapshot(first).commit()
+        return real_listing(*args, **kwargs)
+
+    monkeypatch.setattr(gc, "table_files", listing_while_another_engine_rolls_back)
+    with pytest.raises(CompactionError, match="moved during GC"):  # this run gives up; the next decides afresh
+        collect_garbage(lake.table("ns.t"), lake.engine.ledger, KEEP_ONLY_CURRENT)
+
+    table = lake.table("ns.t")
+    assert table.current_snapshot() is not None and table.current_snapshot().snapshot_id == first
+    assert rows_digest(table) == rows_then

@@ -20,12 +20,14 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
+from pyiceberg.table.update import AssertRefSnapshotId, RemoveSnapshotsUpdate
 
 from compaction_assets.commit.ledger import Ledger
 from compaction_assets.config import GcConfig
-from compaction_assets.errors import ConfigError
+from compaction_assets.errors import CompactionError, ConfigError
 from compaction_assets.faults import crash_point
 from compaction_assets.lake.storage import (
     OutsideTableLocation,
@@ -134,10 +136,32 @@ def collect_garbage(
     if dry_run:
         return report
     if expired:
-        table.maintenance.expire_snapshots().by_ids(report.snapshots_expired).commit()
+        _expire(table, report.snapshots_expired)
     crash_point("gc_after_expire")
     delete_unreferenced(table, [*expired_only, *orphans], claims)
     return report
+
+
+class RefsMoved(CompactionError):
+    """A branch or tag changed while GC was deciding what to expire: nothing expired or deleted this run."""
+
+
+def _expire(table: Table, snapshot_ids: list[int]) -> None:
+    """Expire the snapshots only if every branch and tag is still where GC read it (the expiry was
+    decided from that state). pyiceberg 0.12's expire_snapshots commits with no requirement: a
+    snapshot another engine made a ref head meanwhile (main rolled back to it, a tag) would be
+    expired and that ref removed with it (an empty table). Raises RefsMoved instead."""
+    name = ".".join(table.name())
+    refs = table.metadata.refs
+    moved = RefsMoved(f"table '{name}': a branch or tag moved during GC; nothing was expired or deleted, run GC again")
+    current = table.catalog.load_table(table.name())
+    if current.metadata.refs != refs:
+        raise moved
+    requirements = tuple(AssertRefSnapshotId(ref=ref, snapshot_id=r.snapshot_id) for ref, r in refs.items())
+    try:
+        table.catalog.commit_table(current, requirements, (RemoveSnapshotsUpdate(snapshot_ids=snapshot_ids),))
+    except CommitFailedException as exc:
+        raise moved from exc
 
 
 def _snapshots_to_keep(table: Table, policy: GcPolicy, now_ms: int) -> set[int]:
