@@ -74,3 +74,30 @@ def test_gc_does_not_expire_a_snapshot_another_engine_made_current_meanwhile(lak
     table = lake.table("ns.t")
     assert table.current_snapshot() is not None and table.current_snapshot().snapshot_id == first
     assert rows_digest(table) == rows_then
+
+
+def test_gc_with_no_grace_keeps_the_files_of_a_compaction_that_began_while_gc_started(lake):
+    """Orphan grace 0 (allowed): GC read the open attempts, then a compaction began and wrote its
+    first result file while GC re-read the table, then GC took the time its grace counts from: the
+    file was older than that, claimed by no attempt GC knew of, and deleted under the compaction."""
+    table = create_fragmented(lake, "ns.t", {"eu": 2})
+    ledger = lake.engine.ledger
+    out_dir = f"{table.location()}/data/region=eu"
+    written = []
+    real_refresh = table.refresh
+
+    def refresh_while_a_compaction_begins():
+        attempt = ledger.begin("task-1", "ns.t", "region=eu", "minor", None, [], [out_dir], 0, 0)
+        path = f"{out_dir}/{attempt.attempt_id}-00000-00000.parquet"
+        pq.write_table(pa.table({"id": [1]}), local(path))
+        written.append(path)
+        time.sleep(0.01)
+        return real_refresh()
+
+    table.refresh = refresh_while_a_compaction_begins
+    no_grace = GcPolicy(max_snapshot_age_ms=0, min_snapshots_to_keep=1, orphan_grace_ms=0)
+
+    report = collect_garbage(table, ledger, no_grace)
+
+    assert written[0] not in report.orphan_files
+    assert local(written[0]).exists()

@@ -100,12 +100,13 @@ def collect_garbage(
     """
     name = ".".join(table.name())
     report = GcReport(name, dry_run)
+    # the grace counts from before the open attempts are read: a file written since is younger than it
+    now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
     claims = ledger.open_claims(name)
     table.refresh()
     if table.properties.get(ENABLED_PROPERTY, "true").lower() == "false":
         report.paused = True
         return report
-    now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
     location = table.location().rstrip("/")
     kept = _snapshots_to_keep(table, policy, now_ms)
     expired = [s for s in table.metadata.snapshots if s.snapshot_id not in kept]
