@@ -144,25 +144,36 @@ def collect_garbage(
 
 
 class RefsMoved(CompactionError):
-    """A branch or tag changed while GC was deciding what to expire: nothing expired or deleted this run."""
+    """A snapshot GC chose to expire became a branch or tag head meanwhile: nothing expired or deleted this run."""
+
+
+EXPIRE_TRIES = 3
 
 
 def _expire(table: Table, snapshot_ids: list[int]) -> None:
-    """Expire the snapshots only if every branch and tag is still where GC read it (the expiry was
-    decided from that state). pyiceberg 0.12's expire_snapshots commits with no requirement: a
-    snapshot another engine made a ref head meanwhile (main rolled back to it, a tag) would be
-    expired and that ref removed with it (an empty table). Raises RefsMoved instead."""
+    """Expire the snapshots unless one of them is now a branch or tag head. pyiceberg 0.12's
+    expire_snapshots commits with no requirement: a snapshot another engine made a ref head since
+    GC read the table (main rolled back to it, a new tag) would be expired and that ref removed
+    with it (an empty table). So: reload, check, and commit asserting every ref is where the check
+    saw it (a ref that moved in between fails the commit; then check again). Raises RefsMoved."""
     name = ".".join(table.name())
-    refs = table.metadata.refs
-    moved = RefsMoved(f"table '{name}': a branch or tag moved during GC; nothing was expired or deleted, run GC again")
-    current = table.catalog.load_table(table.name())
-    if current.metadata.refs != refs:
-        raise moved
-    requirements = tuple(AssertRefSnapshotId(ref=ref, snapshot_id=r.snapshot_id) for ref, r in refs.items())
-    try:
-        table.catalog.commit_table(current, requirements, (RemoveSnapshotsUpdate(snapshot_ids=snapshot_ids),))
-    except CommitFailedException as exc:
-        raise moved from exc
+    for _ in range(EXPIRE_TRIES):
+        current = table.catalog.load_table(table.name())
+        refs = current.metadata.refs
+        if headed := sorted(set(snapshot_ids) & {r.snapshot_id for r in refs.values()}):
+            raise RefsMoved(
+                f"table '{name}': snapshot {headed[0]} became a branch or tag head during GC; "
+                "nothing was expired or deleted, run GC again"
+            )
+        if not (ids := [i for i in snapshot_ids if current.metadata.snapshot_by_id(i) is not None]):
+            return  # another engine expired them first
+        requirements = tuple(AssertRefSnapshotId(ref=ref, snapshot_id=r.snapshot_id) for ref, r in refs.items())
+        try:
+            table.catalog.commit_table(current, requirements, (RemoveSnapshotsUpdate(snapshot_ids=ids),))
+            return
+        except CommitFailedException:
+            continue
+    raise RefsMoved(f"table '{name}': branches or tags kept moving during GC; nothing was expired or deleted")
 
 
 def _snapshots_to_keep(table: Table, policy: GcPolicy, now_ms: int) -> set[int]:
