@@ -14,6 +14,7 @@ from pyiceberg.table.update import SetPartitionStatisticsUpdate
 
 from compaction_assets.errors import CompactionError
 from compaction_assets.lake.digest import rows_digest
+from compaction_assets.lake.storage import file_key, is_inside
 from compaction_assets.maintenance import gc
 from compaction_assets.maintenance.gc import GcPolicy, collect_garbage
 from tests.conftest import batch, create_fragmented
@@ -121,3 +122,31 @@ def test_gc_with_no_grace_keeps_the_files_of_a_compaction_that_began_while_gc_st
 
     assert written[0] not in report.orphan_files
     assert local(written[0]).exists()
+
+
+def test_gc_keeps_a_live_file_the_manifest_spells_with_a_double_slash(lake):
+    """Another engine added a data file spelled `.../data//region=eu/x.parquet` (a user-given
+    path; the local filesystem and pyiceberg read it as `.../data/region=eu/x.parquet`). The
+    listing spells it with one slash, the comparison did not match the two, and GC deleted a live
+    file: the table became unreadable. Java's DeleteOrphanFiles compares Hadoop-normalised paths."""
+    table = create_fragmented(lake, "ns.t", {"eu": 1})
+    real = local(f"{table.location()}/data/region=eu/added-by-hand.parquet")
+    pq.write_table(batch(50_000, 10, "eu"), real)
+    os.utime(real, (HOUR_AGO, HOUR_AGO))
+    spelled = f"{table.location()}/data//region=eu/added-by-hand.parquet"
+    table.add_files([spelled])
+    before = rows_digest(lake.table("ns.t"))
+
+    report = collect_garbage(lake.table("ns.t"), lake.engine.ledger, KEEP_ONLY_CURRENT)
+
+    assert report.orphan_files == []
+    assert real.exists()
+    assert rows_digest(lake.table("ns.t")) == before
+
+
+def test_dot_segments_cannot_take_a_path_outside_the_table_location():
+    """`/w/t/data/../../t2/x.parquet` is the file /w/t2/x.parquet, outside table /w/t."""
+    assert not is_inside("/w/t/data/../../t2/x.parquet", "/w/t")
+    assert not is_inside("file:///w/t/../t2/x.parquet", "file:/w/t/")
+    assert is_inside("/w/t/data/./x.parquet", "/w/t")
+    assert file_key("/w/t/data//x.parquet") == file_key("file:///w/t/data/x.parquet")
