@@ -2,18 +2,20 @@
 
 Paths are compared as Java Iceberg's DeleteOrphanFiles compares them: by (scheme, authority,
 path), with s3a/s3n equal to s3 (its default equalSchemes), a bare `/abs` being pyiceberg's
-default scheme `file`, and an empty authority matching any (`/a`, `file:/a`, `file:///a` are one
-file). The same path under a different scheme or authority cannot be decided and is an error
-naming the path (Java's PrefixMismatchMode.ERROR). Paths are never URI-decoded: Iceberg stores
-`region=a%2Fb` as the directory's real name.
+default scheme `file`, an empty authority matching any (`/a`, `file:/a`, `file:///a` are one
+file), and `//`, `.` and `..` in the path normalised as Hadoop's Path does (`/t/d//../x` is `/t/x`).
+The same path under a different scheme or authority cannot be decided and is an error naming the
+path (Java's PrefixMismatchMode.ERROR). Paths are never URI-decoded: Iceberg stores `region=a%2Fb`
+as the directory's real name.
 
 `delete_unreferenced` is the only way files of a table are deleted: whoever calls it, it skips
-every file a snapshot the table still has references (read from the catalog at that moment) and
-every file an open task attempt claims.
+every file a snapshot the table still has, or its metadata's statistics, references (read from
+the catalog at that moment) and every file an open task attempt claims.
 """
 
 from __future__ import annotations
 
+import posixpath
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -23,6 +25,7 @@ from pyarrow import fs as pafs
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.table import Table
+from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Snapshot
 
 from compaction_assets.errors import CompactionError
@@ -50,9 +53,16 @@ def file_key(location: str) -> FileKey:
     """(scheme, authority, path) of a location, normalised for comparison (never URI-decoded)."""
     match = _URI.match(location)
     if match is None:
-        return FileKey("file", "", location)  # pyiceberg reads a bare path as a local file
+        return FileKey("file", "", _normalised(location))  # pyiceberg reads a bare path as a local file
     scheme = match.group(1).lower()
-    return FileKey(EQUAL_SCHEMES.get(scheme, scheme), (match.group(2) or "").lower(), match.group(3))
+    return FileKey(EQUAL_SCHEMES.get(scheme, scheme), (match.group(2) or "").lower(), _normalised(match.group(3)))
+
+
+def _normalised(path: str) -> str:
+    """`path` with repeated slashes and `.` segments dropped and `..` resolved, as Hadoop's Path
+    (which Java's DeleteOrphanFiles compares) normalises it. Taking two spellings for one file
+    only keeps a file; taking one file for two deleted a referenced one."""
+    return posixpath.normpath(re.sub("/+", "/", path)) if path else path
 
 
 def _same_file(a: FileKey, b: FileKey) -> bool:
@@ -139,6 +149,13 @@ def file_sizes(io: FileIO, paths: list[str]) -> dict[str, int]:
     return sizes
 
 
+def statistics_files(metadata: TableMetadata) -> set[str]:
+    """The table's statistics and partition statistics files (Puffin, or Parquet under metadata/, as
+    Java's compute_partition_stats writes them): referenced by the table metadata, not by any
+    manifest (Java's ReachableFileUtil.statisticsFilesLocations)."""
+    return {s.statistics_path for s in [*metadata.statistics, *metadata.partition_statistics]}
+
+
 def reachable(io: FileIO, snapshots: Iterable[Snapshot]) -> set[str]:
     """Manifest lists, manifests and live data/delete files of the given snapshots."""
     files: set[str] = set()
@@ -185,7 +202,7 @@ def delete_unreferenced(table: Table, paths: Iterable[str], claims: Claims) -> i
             f"table '{name}': refusing to delete {outside[0]}: outside table location {location}; nothing was deleted"
         )
     current = table.catalog.load_table(table.name())
-    referenced = PathSet(reachable(current.io, current.metadata.snapshots))
+    referenced = PathSet(reachable(current.io, current.metadata.snapshots) | statistics_files(current.metadata))
     try:
         doomed = [p for p in paths if p not in referenced and not claims.covers(p)]
     except PrefixMismatch as exc:

@@ -4,9 +4,9 @@ them later, once no retained snapshot and no in-flight task needs them.
 1. Expire snapshots older than the retention, always keeping the newest `min_snapshots_to_keep`
    and every branch or tag head.
 2. Delete files (data files, manifests, manifest lists) reachable only from expired snapshots.
-3. Delete orphans: data and manifest files under the table location that no snapshot references
-   and no open task attempt owns, older than the grace period (a writer may be about to commit a
-   newer one).
+3. Delete orphans: data and manifest files under the table location that no snapshot references,
+   that are no statistics file of the table metadata, and that no open task attempt owns, older
+   than the grace period (a writer may be about to commit a newer one).
 Nothing an open attempt claims (files it reads or writes) is deleted in 2 or 3. Paths are compared
 by file identity, not spelling (lake.storage: `/a`, `file:/a`, `file:///a` are one file). Any path
 outside the table's own location, or matching a referenced one but for scheme or authority, is
@@ -20,12 +20,14 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
+from pyiceberg.table.update import AssertRefSnapshotId, RemoveSnapshotsUpdate
 
 from compaction_assets.commit.ledger import Ledger
 from compaction_assets.config import GcConfig
-from compaction_assets.errors import ConfigError
+from compaction_assets.errors import CompactionError, ConfigError
 from compaction_assets.faults import crash_point
 from compaction_assets.lake.storage import (
     OutsideTableLocation,
@@ -34,6 +36,7 @@ from compaction_assets.lake.storage import (
     delete_unreferenced,
     file_sizes,
     is_inside,
+    statistics_files,
     table_files,
 )
 from compaction_assets.lake.storage import reachable as storage_reachable
@@ -97,16 +100,18 @@ def collect_garbage(
     """
     name = ".".join(table.name())
     report = GcReport(name, dry_run)
+    # the grace counts from before the open attempts are read: a file written since is younger than it
+    now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
     claims = ledger.open_claims(name)
     table.refresh()
     if table.properties.get(ENABLED_PROPERTY, "true").lower() == "false":
         report.paused = True
         return report
-    now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
     location = table.location().rstrip("/")
     kept = _snapshots_to_keep(table, policy, now_ms)
     expired = [s for s in table.metadata.snapshots if s.snapshot_id not in kept]
     retained_paths = reachable(table, [s for s in table.metadata.snapshots if s.snapshot_id in kept])
+    retained_paths |= statistics_files(table.metadata)
     expired_paths = reachable(table, expired)
     retained, referenced = PathSet(retained_paths), PathSet([*retained_paths, *expired_paths])
     listed = table_files(location, ORPHAN_SUFFIXES, table.io)
@@ -132,10 +137,43 @@ def collect_garbage(
     if dry_run:
         return report
     if expired:
-        table.maintenance.expire_snapshots().by_ids(report.snapshots_expired).commit()
+        _expire(table, report.snapshots_expired)
     crash_point("gc_after_expire")
     delete_unreferenced(table, [*expired_only, *orphans], claims)
     return report
+
+
+class RefsMoved(CompactionError):
+    """A snapshot GC chose to expire became a branch or tag head meanwhile: nothing expired or deleted this run."""
+
+
+EXPIRE_TRIES = 3
+
+
+def _expire(table: Table, snapshot_ids: list[int]) -> None:
+    """Expire the snapshots unless one of them is now a branch or tag head. pyiceberg 0.12's
+    expire_snapshots commits with no requirement: a snapshot another engine made a ref head since
+    GC read the table (main rolled back to it, a new tag) would be expired and that ref removed
+    with it (an empty table). So: reload, check, and commit asserting every ref is where the check
+    saw it (a ref that moved in between fails the commit; then check again). Raises RefsMoved."""
+    name = ".".join(table.name())
+    for _ in range(EXPIRE_TRIES):
+        current = table.catalog.load_table(table.name())
+        refs = current.metadata.refs
+        if headed := sorted(set(snapshot_ids) & {r.snapshot_id for r in refs.values()}):
+            raise RefsMoved(
+                f"table '{name}': snapshot {headed[0]} became a branch or tag head during GC; "
+                "nothing was expired or deleted, run GC again"
+            )
+        if not (ids := [i for i in snapshot_ids if current.metadata.snapshot_by_id(i) is not None]):
+            return  # another engine expired them first
+        requirements = tuple(AssertRefSnapshotId(ref=ref, snapshot_id=r.snapshot_id) for ref, r in refs.items())
+        try:
+            table.catalog.commit_table(current, requirements, (RemoveSnapshotsUpdate(snapshot_ids=ids),))
+            return
+        except CommitFailedException:
+            continue
+    raise RefsMoved(f"table '{name}': branches or tags kept moving during GC; nothing was expired or deleted")
 
 
 def _snapshots_to_keep(table: Table, policy: GcPolicy, now_ms: int) -> set[int]:
