@@ -313,7 +313,7 @@ class _RewriteFiles(_OverwriteFiles):
 
     def _build_delete_files_partition_predicate(self) -> None:
         """The replaced files' partitions, per spec, to skip manifests that cannot hold one: pyiceberg's
-        own, except that a NaN value is matched by IsNaN (its EqualTo(NaN) raises)."""
+        own, except for NaN (its EqualTo(NaN) raises) and infinities (see _value_predicate)."""
         by_spec: dict[int, list[Record]] = {}
         for data_file in self._deleted_data_files:
             by_spec.setdefault(data_file.spec_id, []).append(data_file.partition)
@@ -462,10 +462,14 @@ class _RewriteFiles(_OverwriteFiles):
 
 
 def _value_predicate(name: str, value: Any) -> BooleanExpression:
+    """A predicate a manifest holding this partition value passes (it may pass others: it only prunes)."""
     if value is None:
         return IsNull(Reference(name))
     if isinstance(value, float) and math.isnan(value):
         return IsNaN(Reference(name))
+    if isinstance(value, float) and math.isinf(value):
+        # pyiceberg binds EqualTo(±inf) on a float (32-bit) field as beyond the type's range: AlwaysFalse
+        return AlwaysTrue()
     return EqualTo(Reference(name), value)
 
 

@@ -1,0 +1,120 @@
+"""Histories an outside review drove through the commit path (RewriteFiles semantics): each
+test is one history other engines can make, checked by the spec's rules and by DuckDB."""
+
+from __future__ import annotations
+
+import math
+
+import pyarrow as pa
+import pytest
+from pyiceberg.io.pyarrow import _dataframe_to_data_files
+from pyiceberg.manifest import ManifestEntryStatus
+from pyiceberg.schema import Schema
+from pyiceberg.typedef import Record
+from pyiceberg.types import FloatType, LongType, NestedField
+
+from compaction_assets.lake.files import live_files
+from tests.conftest import BY_REGION, SCHEMA, batch
+from tests.foreign_deletes import commit_deletes, equality_delete
+from tests.test_commit_safety import on_crash_point, rows
+from tests.test_rewrite_commit import duckdb_ids, entries, region_files, spec_ids
+
+
+def _many_manifests(lake, props, appends=6, per=3):
+    table = lake.catalog.create_table("ns.t", schema=SCHEMA, partition_spec=BY_REGION, properties=props)
+    start = 0
+    for _ in range(appends):
+        for region in ("eu", "us"):
+            for _ in range(per):
+                table.append(batch(start, 50, region))
+                start += 50
+    return lake.table("ns.t")
+
+
+def test_merged_manifests_keep_the_base_sequence_number(lake, monkeypatch):
+    """Manifest merge (min count 2) rewrites this snapshot's ADDED entries: they keep the base's
+    data sequence number, so an equality delete committed after the base still applies."""
+    table = _many_manifests(lake, {"commit.manifest.min-count-to-merge": "2"})
+    base = table.current_snapshot()
+    all_ids = [r["id"] for r in rows(table)]
+    eu = region_files(table)[0].partition
+    doomed = [0, 1, 2]
+
+    def delete() -> None:
+        other = lake.table("ns.t")
+        commit_deletes(other, [equality_delete(other, doomed, spec_id=0, partition=eu)])
+
+    on_crash_point(monkeypatch, "after_prepare", delete)
+    outcomes = lake.engine.compact("ns.t")
+    assert {o.status for o in outcomes} == {"committed"}, [o.reason for o in outcomes]
+    table = lake.table("ns.t")
+    snap = table.current_snapshot()
+    added = [
+        e for _, e in entries(table) if e.status == ManifestEntryStatus.ADDED and e.snapshot_id == snap.snapshot_id
+    ]
+    assert {e.sequence_number for e in added} == {base.sequence_number}
+    expected = sorted(i for i in all_ids if i not in doomed)
+    assert spec_ids(table) == expected
+    assert duckdb_ids(table) == expected
+
+
+def test_v1_upgraded_between_prepare_and_commit_with_equality_delete(lake, monkeypatch):
+    """A format-version-1 base (sequence number 0) committed on a table upgraded to v2 meanwhile,
+    with an equality delete after the upgrade: the results' number 0 keeps the delete applying."""
+    table = _many_manifests(lake, {"format-version": "1"}, appends=2, per=5)
+    all_ids = [r["id"] for r in rows(table)]
+    eu = region_files(table)[0].partition
+    doomed = [0, 1, 2]
+
+    def upgrade_and_delete() -> None:
+        other = lake.table("ns.t")
+        with other.transaction() as txn:
+            txn.upgrade_table_version(2)
+        other = lake.table("ns.t")
+        commit_deletes(other, [equality_delete(other, doomed, spec_id=0, partition=eu)])
+
+    on_crash_point(monkeypatch, "after_prepare", upgrade_and_delete)
+    outcomes = lake.engine.compact("ns.t")
+    assert {o.status for o in outcomes} == {"committed"}, [o.reason for o in outcomes]
+    table = lake.table("ns.t")
+    expected = sorted(i for i in all_ids if i not in doomed)
+    assert spec_ids(table) == expected
+    assert duckdb_ids(table) == expected
+
+
+FLOAT_SCHEMA = Schema(
+    NestedField(1, "id", LongType(), required=False),
+    NestedField(2, "amount", FloatType(), required=False),
+)
+
+
+@pytest.mark.parametrize("amount", [math.inf, -math.inf])
+def test_an_infinite_float32_partition_commits(lake, amount):
+    """pyiceberg binds EqualTo(inf) on a float (32-bit) partition field as 'above the type's max':
+    AlwaysFalse, so the manifest pruning of the commit skipped the manifest holding the replaced
+    files and every try failed 'Missing required files to delete': the partition never compacted."""
+    table = lake.catalog.create_table("ns.f", schema=FLOAT_SCHEMA)
+    with table.update_spec() as update:
+        update.add_identity("amount")  # spec 1
+    table = lake.table("ns.f")
+    unpartitioned = table.metadata.model_copy(update={"default_spec_id": 0})
+    arrow_schema = pa.schema([pa.field("id", pa.int64()), pa.field("amount", pa.float32())])
+    for value, start in [(amount, 0), (1.5, 1000)]:  # one manifest each
+        with table.transaction() as txn, txn.update_snapshot().fast_append() as append:
+            for i in range(6):
+                ids = range(start + 20 * i, start + 20 * i + 20)
+                rows_ = pa.table({"id": list(ids), "amount": [value] * 20}, schema=arrow_schema)
+                for data_file in _dataframe_to_data_files(unpartitioned, rows_, table.io):
+                    data_file[3] = Record(value)  # the partition tuple, as Spark or Flink would write it
+                    data_file.spec_id = 1
+                    append.append_data_file(data_file)
+    table = lake.table("ns.f")
+    before = sorted((r["id"], r["amount"]) for r in table.scan().to_arrow().to_pylist())
+
+    outcomes = lake.engine.compact("ns.f")
+
+    assert [o.status for o in outcomes] == ["committed", "committed"], [o.reason for o in outcomes]
+    table = lake.table("ns.f")
+    assert len(live_files(table)) == 2
+    assert sorted((r["id"], r["amount"]) for r in table.scan().to_arrow().to_pylist()) == before
+    assert duckdb_ids(table) == [i for i, _ in before]
