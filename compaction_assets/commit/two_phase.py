@@ -457,7 +457,9 @@ class _RewriteFiles(_OverwriteFiles):
         if changed := len(collector.partition_metrics) + any(len(f.partition) == 0 for f in files):
             changes[CHANGED_PARTITION_COUNT_PROP] = str(changed)
         parent = metadata.snapshot_by_id(self._parent_snapshot_id) if self._parent_snapshot_id is not None else None
-        totals = _carried_totals(parent.summary if parent is not None else None, changes)
+        # a parent without a summary (format version 1 allows it) states no totals to carry
+        previous = None if parent is None else parent.summary if parent.summary is not None else {}
+        totals = _carried_totals(previous, changes)
         return Summary(operation=self._operation, **changes, **totals, **snapshot_properties)
 
 
@@ -496,8 +498,9 @@ _TOTALS = (
 
 
 def _carried_totals(previous: Mapping[str, Any] | None, changes: Mapping[str, str]) -> dict[str, str]:
-    """The parent's totals plus what was added, minus what was removed. A total the parent does
-    not state (another engine left it out), or cannot be parsed, is left out too, as Java does."""
+    """The parent's totals plus what was added, minus what was removed (`previous` None: there is
+    no parent, totals start at 0). A total the parent does not state (another engine left it out,
+    or the whole summary), or cannot be parsed, is left out too, as Java does."""
     totals = {}
     for total, added, removed in _TOTALS:
         before = "0" if previous is None else previous.get(total)
