@@ -19,6 +19,7 @@ from typing import Any
 
 from pyiceberg.exceptions import CommitFailedException, ValidationException
 from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, EqualTo, IsNaN, IsNull, Or, Reference
+from pyiceberg.expressions.visitors import manifest_evaluator
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import (
     DataFile,
@@ -27,7 +28,11 @@ from pyiceberg.manifest import (
     ManifestEntry,
     ManifestEntryStatus,
     ManifestFile,
+    ManifestWriter,
+    write_manifest,
 )
+from pyiceberg.partitioning import PartitionSpec
+from pyiceberg.schema import Schema
 from pyiceberg.table import Table, TableProperties, Transaction
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import (
@@ -311,6 +316,34 @@ class _RewriteFiles(_OverwriteFiles):
     def _validate_concurrency(self) -> None:
         """Nothing here: `_manifests` validates every try against the attempts' own bases."""
 
+    def _spec_schema(self, spec_id: int) -> Schema:
+        """The schema to type spec `spec_id`'s partition with: the current one, unless another engine
+        dropped a source column of this (older) spec; then the newest schema that has them all.
+        pyiceberg 0.12 types such a partition field `unknown`, which no predicate binds to and no
+        manifest writer can write."""
+        metadata = self._transaction.table_metadata
+        sources = {f.source_id for f in self.spec(spec_id).fields}
+        for schema in [metadata.schema(), *sorted(metadata.schemas, key=lambda s: -s.schema_id)]:
+            if sources <= schema._lazy_id_to_field.keys():
+                return schema
+        return metadata.schema()
+
+    def _build_manifest_evaluator(self, spec_id: int) -> Callable[[ManifestFile], bool]:
+        return manifest_evaluator(
+            self.spec(spec_id), self._spec_schema(spec_id), self.partition_filters[spec_id], self._case_sensitive
+        )
+
+    def new_manifest_writer(self, spec: PartitionSpec) -> ManifestWriter:
+        """pyiceberg's, with the partition typed by _spec_schema (its merge writes through this too)."""
+        return write_manifest(
+            format_version=self._transaction.table_metadata.format_version,
+            spec=spec,
+            schema=self._spec_schema(spec.spec_id),
+            output_file=self.new_manifest_output(),
+            snapshot_id=self._snapshot_id,
+            avro_compression=self._compression,
+        )
+
     def _build_delete_files_partition_predicate(self) -> None:
         """The replaced files' partitions, per spec, to skip manifests that cannot hold one: pyiceberg's
         own, except for NaN (its EqualTo(NaN) raises) and infinities (see _value_predicate)."""
@@ -382,7 +415,6 @@ class _RewriteFiles(_OverwriteFiles):
     ) -> list[ManifestFile]:
         """The entries at the given positions restated with `status` (DELETED: this snapshot's id;
         EXISTING: their own), one manifest per source header (restatable) or per spec (the rest)."""
-        schema = self._transaction.table_metadata.schema()
         deleted = status == ManifestEntryStatus.DELETED
         by_header: dict[str, list[tuple[ManifestContents, list[int]]]] = {}
         by_spec: dict[int, list[ManifestEntry]] = {}
@@ -398,6 +430,7 @@ class _RewriteFiles(_OverwriteFiles):
             first, positions = group[0]
             spec = self.spec(first.entries[positions[0]].data_file.spec_id)
             output = self.new_manifest_output()
+            schema = self._spec_schema(spec.spec_id)
             manifests.append(write_restated(output, group, status, self._snapshot_id, spec, schema))
         for spec_id, entries in by_spec.items():
             with self.new_manifest_writer(self.spec(spec_id)) as writer:
@@ -440,7 +473,7 @@ class _RewriteFiles(_OverwriteFiles):
         """Java's snapshot summary for a rewrite: what was added and removed (each file counted in
         its own spec's partition), and the parent's totals carried forward."""
         metadata = self._transaction.table_metadata
-        schema, specs = metadata.schema(), metadata.specs()
+        specs = metadata.specs()
         limit = property_as_int(
             metadata.properties,
             TableProperties.WRITE_PARTITION_SUMMARY_LIMIT,
@@ -448,9 +481,9 @@ class _RewriteFiles(_OverwriteFiles):
         )
         collector = SnapshotSummaryCollector(partition_summary_limit=limit or 0)
         for data_file in self._added_data_files:
-            collector.add_file(data_file, schema, specs[data_file.spec_id])
+            collector.add_file(data_file, self._spec_schema(data_file.spec_id), specs[data_file.spec_id])
         for data_file in self._deleted_data_files:
-            collector.remove_file(data_file, schema, specs[data_file.spec_id])
+            collector.remove_file(data_file, self._spec_schema(data_file.spec_id), specs[data_file.spec_id])
         changes = collector.build()
         # Java counts the unpartitioned spec's one partition (path ""); pyiceberg's collector skips it
         files = [*self._added_data_files, *self._deleted_data_files]
