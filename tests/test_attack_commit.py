@@ -14,11 +14,15 @@ from pyiceberg.schema import Schema
 from pyiceberg.typedef import Record
 from pyiceberg.types import FloatType, LongType, NestedField
 
+import compaction_assets.commit.two_phase as two_phase
+from compaction_assets.commit.ledger import Status
 from compaction_assets.demo import append_fragments
+from compaction_assets.errors import BackOff
 from compaction_assets.lake.files import live_files
-from tests.conftest import BY_REGION, SCHEMA, batch
+from tests.conftest import BY_REGION, SCHEMA, batch, create_fragmented
 from tests.foreign_deletes import commit_deletes, equality_delete
 from tests.test_commit_safety import on_crash_point, rows
+from tests.test_format_v3 import upgrade_to_v3
 from tests.test_rewrite_commit import duckdb_ids, entries, region_files, spec_ids
 
 
@@ -178,3 +182,40 @@ def test_partition_source_column_dropped_between_prepare_and_commit(lake, monkey
     table = lake.table("ns.t")
     assert sorted(r["id"] for r in rows(table)) == expected
     assert duckdb_ids(table) == expected
+
+
+@pytest.mark.parametrize("when", ["after_prepare", "inside_the_commit"])
+def test_a_table_upgraded_to_v3_before_the_commit_backs_off(lake, monkeypatch, when):
+    """Another engine upgrades the table to format version 3 while the rewrite runs, or while the
+    commit runs. pyiceberg 0.12 cannot commit to it (ValueError), which is no commit conflict: the
+    attempt stayed PREPARED, and every commit of it (recovery's) failed the same way until parked.
+    The commit now checks on every try what planning checks: it backs off with the v3 reason."""
+    table = create_fragmented(lake, "ns.t", {"eu": 10})
+    expected = rows(table)
+    if when == "after_prepare":
+        on_crash_point(monkeypatch, "after_prepare", lambda: upgrade_to_v3(lake, "ns.t"))
+    else:
+        real, raced = two_phase._commit_once, []
+
+        def racing(table_, attempts, live):
+            if not raced:
+                raced.append(upgrade_to_v3(lake, "ns.t"))
+            real(table_, attempts, live)
+
+        monkeypatch.setattr(two_phase, "_commit_once", racing)
+
+    [outcome] = lake.engine.compact("ns.t")
+
+    if when == "inside_the_commit":
+        # the catalog refused our snapshot on the v3 metadata (pyiceberg 0.12's ValueError, not a
+        # commit conflict): outcome unknown, so recovery settles it, and must be able to
+        assert outcome.status == "failed" and "outcome unknown" in outcome.reason, outcome.reason
+        [attempt] = lake.engine.ledger.attempts()
+        with pytest.raises(BackOff):  # what recovery runs, once this process is gone
+            two_phase.commit_prepared(lake.table("ns.t"), lake.engine.ledger, attempt)
+        outcome.reason = lake.engine.ledger.attempts()[0].reason
+    else:
+        assert outcome.status == "backed_off", outcome.reason
+    assert "format-version 3 tables are not compacted" in outcome.reason
+    assert [a.status for a in lake.engine.ledger.attempts()] == [Status.ROLLED_BACK]
+    assert rows(lake.table("ns.t")) == expected

@@ -71,6 +71,7 @@ from compaction_assets.faults import crash_point
 from compaction_assets.gc_pause import gc_paused
 from compaction_assets.lake.datafile_codec import datafile_from_json
 from compaction_assets.lake.deletes import DeleteIndex
+from compaction_assets.lake.features import refusal
 from compaction_assets.lake.files import live_files
 from compaction_assets.lake.manifest_cache import live_entries, manifest_contents
 from compaction_assets.lake.manifest_io import ManifestContents, write_restated
@@ -140,6 +141,10 @@ def commit_together(
         table.refresh()
         for attempt in [a for a in pending if commit_snapshot(table, a) is not None]:
             settle(attempt, lambda a=attempt: confirm_committed(table, ledger, a))
+        if refused := refusal(table):  # another engine changed the table into one we do not commit to
+            for attempt in list(pending):
+                settle(attempt, lambda a=attempt, r=refused: roll_back(table, ledger, a, r))
+            return
         live = {f.path: f.data_file for f in live_files(table) if not f.is_delete}
         head = table.current_snapshot()
         head_id = head.snapshot_id if head else None
