@@ -19,6 +19,7 @@ from typing import Any
 
 from pyiceberg.exceptions import CommitFailedException, ValidationException
 from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, EqualTo, IsNaN, IsNull, Or, Reference
+from pyiceberg.expressions.visitors import manifest_evaluator
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import (
     DataFile,
@@ -27,7 +28,11 @@ from pyiceberg.manifest import (
     ManifestEntry,
     ManifestEntryStatus,
     ManifestFile,
+    ManifestWriter,
+    write_manifest,
 )
+from pyiceberg.partitioning import PartitionSpec
+from pyiceberg.schema import Schema
 from pyiceberg.table import Table, TableProperties, Transaction
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import (
@@ -66,6 +71,7 @@ from compaction_assets.faults import crash_point
 from compaction_assets.gc_pause import gc_paused
 from compaction_assets.lake.datafile_codec import datafile_from_json
 from compaction_assets.lake.deletes import DeleteIndex
+from compaction_assets.lake.features import refusal
 from compaction_assets.lake.files import live_files
 from compaction_assets.lake.manifest_cache import live_entries, manifest_contents
 from compaction_assets.lake.manifest_io import ManifestContents, write_restated
@@ -135,6 +141,10 @@ def commit_together(
         table.refresh()
         for attempt in [a for a in pending if commit_snapshot(table, a) is not None]:
             settle(attempt, lambda a=attempt: confirm_committed(table, ledger, a))
+        if refused := refusal(table):  # another engine changed the table into one we do not commit to
+            for attempt in list(pending):
+                settle(attempt, lambda a=attempt, r=refused: roll_back(table, ledger, a, r))
+            return
         live = {f.path: f.data_file for f in live_files(table) if not f.is_delete}
         head = table.current_snapshot()
         head_id = head.snapshot_id if head else None
@@ -311,9 +321,37 @@ class _RewriteFiles(_OverwriteFiles):
     def _validate_concurrency(self) -> None:
         """Nothing here: `_manifests` validates every try against the attempts' own bases."""
 
+    def _spec_schema(self, spec_id: int) -> Schema:
+        """The schema to type spec `spec_id`'s partition with: the current one, unless another engine
+        dropped a source column of this (older) spec; then the newest schema that has them all.
+        pyiceberg 0.12 types such a partition field `unknown`, which no predicate binds to and no
+        manifest writer can write."""
+        metadata = self._transaction.table_metadata
+        sources = {f.source_id for f in self.spec(spec_id).fields}
+        for schema in [metadata.schema(), *sorted(metadata.schemas, key=lambda s: -s.schema_id)]:
+            if sources <= schema._lazy_id_to_field.keys():
+                return schema
+        return metadata.schema()
+
+    def _build_manifest_evaluator(self, spec_id: int) -> Callable[[ManifestFile], bool]:
+        return manifest_evaluator(
+            self.spec(spec_id), self._spec_schema(spec_id), self.partition_filters[spec_id], self._case_sensitive
+        )
+
+    def new_manifest_writer(self, spec: PartitionSpec) -> ManifestWriter:
+        """pyiceberg's, with the partition typed by _spec_schema (its merge writes through this too)."""
+        return write_manifest(
+            format_version=self._transaction.table_metadata.format_version,
+            spec=spec,
+            schema=self._spec_schema(spec.spec_id),
+            output_file=self.new_manifest_output(),
+            snapshot_id=self._snapshot_id,
+            avro_compression=self._compression,
+        )
+
     def _build_delete_files_partition_predicate(self) -> None:
         """The replaced files' partitions, per spec, to skip manifests that cannot hold one: pyiceberg's
-        own, except that a NaN value is matched by IsNaN (its EqualTo(NaN) raises)."""
+        own, except for NaN (its EqualTo(NaN) raises) and infinities (see _value_predicate)."""
         by_spec: dict[int, list[Record]] = {}
         for data_file in self._deleted_data_files:
             by_spec.setdefault(data_file.spec_id, []).append(data_file.partition)
@@ -382,7 +420,6 @@ class _RewriteFiles(_OverwriteFiles):
     ) -> list[ManifestFile]:
         """The entries at the given positions restated with `status` (DELETED: this snapshot's id;
         EXISTING: their own), one manifest per source header (restatable) or per spec (the rest)."""
-        schema = self._transaction.table_metadata.schema()
         deleted = status == ManifestEntryStatus.DELETED
         by_header: dict[str, list[tuple[ManifestContents, list[int]]]] = {}
         by_spec: dict[int, list[ManifestEntry]] = {}
@@ -398,6 +435,7 @@ class _RewriteFiles(_OverwriteFiles):
             first, positions = group[0]
             spec = self.spec(first.entries[positions[0]].data_file.spec_id)
             output = self.new_manifest_output()
+            schema = self._spec_schema(spec.spec_id)
             manifests.append(write_restated(output, group, status, self._snapshot_id, spec, schema))
         for spec_id, entries in by_spec.items():
             with self.new_manifest_writer(self.spec(spec_id)) as writer:
@@ -440,7 +478,7 @@ class _RewriteFiles(_OverwriteFiles):
         """Java's snapshot summary for a rewrite: what was added and removed (each file counted in
         its own spec's partition), and the parent's totals carried forward."""
         metadata = self._transaction.table_metadata
-        schema, specs = metadata.schema(), metadata.specs()
+        specs = metadata.specs()
         limit = property_as_int(
             metadata.properties,
             TableProperties.WRITE_PARTITION_SUMMARY_LIMIT,
@@ -448,24 +486,30 @@ class _RewriteFiles(_OverwriteFiles):
         )
         collector = SnapshotSummaryCollector(partition_summary_limit=limit or 0)
         for data_file in self._added_data_files:
-            collector.add_file(data_file, schema, specs[data_file.spec_id])
+            collector.add_file(data_file, self._spec_schema(data_file.spec_id), specs[data_file.spec_id])
         for data_file in self._deleted_data_files:
-            collector.remove_file(data_file, schema, specs[data_file.spec_id])
+            collector.remove_file(data_file, self._spec_schema(data_file.spec_id), specs[data_file.spec_id])
         changes = collector.build()
         # Java counts the unpartitioned spec's one partition (path ""); pyiceberg's collector skips it
         files = [*self._added_data_files, *self._deleted_data_files]
         if changed := len(collector.partition_metrics) + any(len(f.partition) == 0 for f in files):
             changes[CHANGED_PARTITION_COUNT_PROP] = str(changed)
         parent = metadata.snapshot_by_id(self._parent_snapshot_id) if self._parent_snapshot_id is not None else None
-        totals = _carried_totals(parent.summary if parent is not None else None, changes)
+        # a parent without a summary (format version 1 allows it) states no totals to carry
+        previous = None if parent is None else parent.summary if parent.summary is not None else {}
+        totals = _carried_totals(previous, changes)
         return Summary(operation=self._operation, **changes, **totals, **snapshot_properties)
 
 
 def _value_predicate(name: str, value: Any) -> BooleanExpression:
+    """A predicate a manifest holding this partition value passes (it may pass others: it only prunes)."""
     if value is None:
         return IsNull(Reference(name))
     if isinstance(value, float) and math.isnan(value):
         return IsNaN(Reference(name))
+    if isinstance(value, float) and math.isinf(value):
+        # pyiceberg binds EqualTo(±inf) on a float (32-bit) field as beyond the type's range: AlwaysFalse
+        return AlwaysTrue()
     return EqualTo(Reference(name), value)
 
 
@@ -492,8 +536,9 @@ _TOTALS = (
 
 
 def _carried_totals(previous: Mapping[str, Any] | None, changes: Mapping[str, str]) -> dict[str, str]:
-    """The parent's totals plus what was added, minus what was removed. A total the parent does
-    not state (another engine left it out), or cannot be parsed, is left out too, as Java does."""
+    """The parent's totals plus what was added, minus what was removed (`previous` None: there is
+    no parent, totals start at 0). A total the parent does not state (another engine left it out,
+    or the whole summary), or cannot be parsed, is left out too, as Java does."""
     totals = {}
     for total, added, removed in _TOTALS:
         before = "0" if previous is None else previous.get(total)
