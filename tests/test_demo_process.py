@@ -93,8 +93,9 @@ def test_demo_runs_on_warm_spark_and_a_signal_stops_everything(tmp_path, signum,
             wait_for(lambda: ["lake", "demo", "fresh"] in asset_keys(graphql), 240, "demo.fresh not in the UI", log)
             assert "tables changed (new: demo.fresh): reloading code location 'compaction_assets'" in log.read_text()
         [dagster_dev] = [p for p in _children(demo.pid) if session_members(p)[:1] == [p]]  # leads its session
-        before = session_members(demo.pid) + session_members(dagster_dev)
-        assert len(before) > 3  # demo, dagster dev, webserver, daemon, code server, Spark, ...
+        [run_host] = [p for p in _children(demo.pid) if b"compaction_assets.dagster_host" in _cmdline(p)]
+        before = session_members(demo.pid) + session_members(dagster_dev) + session_members(run_host)
+        assert len(before) > 3  # demo, dagster dev, webserver, daemon, code server, run host, Spark, ...
 
         if to_group:
             os.killpg(demo.pid, signum)
@@ -103,6 +104,7 @@ def test_demo_runs_on_warm_spark_and_a_signal_stops_everything(tmp_path, signum,
         assert demo.wait(timeout=180) == 0
 
         left = [p for p in before if _alive(p)] + session_members(demo.pid) + session_members(dagster_dev)
+        left += session_members(run_host)
         assert not left, f"left behind: {left}"
         assert not _alive(server_pid)
         assert not answers(url) and not listening(ui_port) and not listening(spark_port)
@@ -127,6 +129,13 @@ def _children(parent: int) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def _alive(pid: int) -> bool:

@@ -81,6 +81,18 @@ def finished(run_id: str, seconds: float = 300):  # noqa: ANN201
     return instance.get_run_by_id(run_id)
 
 
+def working_in(folder: Path) -> list[int]:
+    """Live processes whose working directory is `folder` (Linux /proc)."""
+    found = []
+    for cwd in Path("/proc").glob("[0-9]*/cwd"):
+        try:
+            if cwd.readlink() == folder and "Z" not in (cwd.parent / "stat").read_text().rsplit(")", 1)[1][:3]:
+                found.append(int(cwd.parent.name))
+        except OSError:
+            continue
+    return found
+
+
 def messages(run_id: str) -> str:
     return "\n".join(e.message or "" for e in DagsterInstance.get().all_logs(run_id))
 
@@ -110,6 +122,8 @@ def test_runs_fork_from_the_warm_host_terminate_and_fall_back(home: Path):
         host.send_signal(signal.SIGTERM)
         host.wait(30)
     assert not (home / SOCKET_NAME).exists()
+    # nothing the runs started outlives them (a local JVM interrupted before its driver connected did)
+    wait(lambda: not working_in(home), 30, f"processes working in {home} to exit: {working_in(home)}")
 
     run = finished(launch(home, "ns.t3"))
     logs = messages(run.run_id)

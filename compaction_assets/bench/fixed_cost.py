@@ -84,7 +84,7 @@ def timed_host_runs(config_path: Path, names: list[str], log=print) -> list[tupl
     (home / "dagster.yaml").write_text(_HOST_YAML)
     env = {**os.environ, "COMPACTION_CONFIG": str(config_path), "DAGSTER_HOME": str(home)}
     started = time.perf_counter()
-    host = run_host.start(home, env)
+    host = run_host.start(home, env, log=home / "run-host.log")
     log(f"[fixed cost] run host ready in {time.perf_counter() - started:.1f}s")
     results = []
     try:

@@ -45,6 +45,7 @@ def serve(path: Path, preload: tuple[str, ...] = PRELOAD) -> None:
     """Listen on `path` until SIGTERM or SIGINT; the socket file is removed on the way out."""
     for name in preload:
         importlib.import_module(name)
+    _warm_instance()
     path.unlink(missing_ok=True)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(path))
@@ -75,6 +76,16 @@ def serve(path: Path, preload: tuple[str, ...] = PRELOAD) -> None:
         path.unlink(missing_ok=True)
         for sig, old in previous.items():
             signal.signal(sig, old)
+
+
+def _warm_instance() -> None:
+    """Open (and close) the instance once: its storage modules are ~4 s of imports on a small
+    machine. Nothing of it stays open, so no connection is shared with a forked run."""
+    if os.environ.get("DAGSTER_HOME"):
+        from dagster import DagsterInstance
+
+        with DagsterInstance.get() as instance:
+            instance.get_runs(limit=1)
 
 
 def _reap(children: dict[int, int | None]) -> None:
@@ -113,8 +124,8 @@ def _child(message: dict) -> None:
     """Execute the run as the code server's run process does (dagster._grpc.impl), then exit."""
     code = 1
     try:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, signal.SIG_DFL)
+        os.setpgid(0, 0)  # a group of its own (in the host's session): what it starts goes with it
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         code = _execute_run(message)
     except BaseException:  # noqa: BLE001 - the child must never return into the host's loop
@@ -124,6 +135,10 @@ def _child(message: dict) -> None:
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
+        # A local-mode JVM whose driver was interrupted before it connected outlives it (py4j's
+        # non-daemon accept thread), so the run's group is told to go before the run exits.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        os.killpg(0, signal.SIGTERM)
         os._exit(code)
 
 

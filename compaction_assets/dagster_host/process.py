@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
@@ -10,17 +11,19 @@ from pathlib import Path
 from compaction_assets.dagster_host.protocol import default_socket, request
 
 
-def start(home: Path, env: dict[str, str], timeout_s: float = 180) -> subprocess.Popen:
-    """`python -m compaction_assets.dagster_host` for DAGSTER_HOME `home`; output to home/run-host.log."""
+def start(home: Path, env: dict[str, str], log: Path | None = None, timeout_s: float = 180) -> subprocess.Popen:
+    """`python -m compaction_assets.dagster_host` for DAGSTER_HOME `home`; its runs' output goes to
+    `log`, else to this process's stdout (the demo's terminal, as runs of `dagster dev` do)."""
     socket_path = default_socket(str(home))
     socket_path.unlink(missing_ok=True)
-    with (home / "run-host.log").open("ab") as log:
+    with contextlib.ExitStack() as files:
+        out = files.enter_context(log.open("ab")) if log else None
         host = subprocess.Popen(
             [sys.executable, "-m", "compaction_assets.dagster_host", str(socket_path)],
             env={**env, "DAGSTER_HOME": str(home)},
             cwd=home,
-            stdout=log,
-            stderr=subprocess.STDOUT,
+            stdout=out,
+            stderr=subprocess.STDOUT if out else None,
             start_new_session=True,
         )
     deadline = time.monotonic() + timeout_s
@@ -31,4 +34,4 @@ def start(home: Path, env: dict[str, str], timeout_s: float = 180) -> subprocess
         except OSError:
             time.sleep(0.2)
     host.kill()
-    raise RuntimeError(f"the run host did not listen on {socket_path}; see {home / 'run-host.log'}")
+    raise RuntimeError(f"the run host did not listen on {socket_path}; see {log or 'its output above'}")
