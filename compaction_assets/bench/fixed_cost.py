@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import yaml
-from dagster import DagsterInstance
+from dagster import DagsterEventType, DagsterInstance
 
 from compaction_assets.bench.datasets import rows
 from compaction_assets.config import load_config
@@ -103,8 +103,9 @@ def timed_host_runs(config_path: Path, names: list[str], log=print) -> list[tupl
                 found = re.search(r"dagster_run_fixed_cost_s=([0-9.]+)", text)
                 if not found or "forked from the warm run host" not in text:
                     raise RuntimeError(f"bench: host run of {name} ({run.status}) failed:\n{text[-3000:]}")
-                stamp = {e.dagster_event_type.value: e.timestamp for e in events if e.dagster_event_type}
-                results.append((stamp["RUN_SUCCESS"] - stamp["RUN_STARTING"], float(found.group(1))))
+                stamp = {e.dagster_event_type: e.timestamp for e in events if e.dagster_event_type}
+                seconds = stamp[DagsterEventType.RUN_SUCCESS] - stamp[DagsterEventType.RUN_STARTING]
+                results.append((seconds, float(found.group(1))))
                 log(f"[fixed cost] Dagster run in the run host: {results[-1][0]:.2f}s, fixed {results[-1][1]:.2f}s")
     finally:
         host.terminate()
