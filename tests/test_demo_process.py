@@ -2,6 +2,7 @@
 fixed cost, a new table appears in the UI without a manual reload, and SIGINT or SIGTERM to the
 demo's PID leaves no process behind."""
 
+import contextlib
 import json
 import os
 import re
@@ -92,8 +93,9 @@ def test_demo_runs_on_warm_spark_and_a_signal_stops_everything(tmp_path, signum,
             graphql = f"http://127.0.0.1:{ui_port}/graphql"
             wait_for(lambda: ["lake", "demo", "fresh"] in asset_keys(graphql), 240, "demo.fresh not in the UI", log)
             assert "tables changed (new: demo.fresh): reloading code location 'compaction_assets'" in log.read_text()
-        [dagster_dev] = [p for p in _children(demo.pid) if session_members(p)[:1] == [p]]  # leads its session
-        [run_host] = [p for p in _children(demo.pid) if b"compaction_assets.dagster_host" in _cmdline(p)]
+        leaders = [p for p in _children(demo.pid) if session_members(p)[:1] == [p]]  # each leads its session
+        [run_host] = [p for p in leaders if b"compaction_assets.dagster_host" in _cmdline(p)]  # the warm run host
+        [dagster_dev] = [p for p in leaders if p != run_host]
         before = session_members(demo.pid) + session_members(dagster_dev) + session_members(run_host)
         assert len(before) > 3  # demo, dagster dev, webserver, daemon, code server, run host, Spark, ...
 
@@ -112,10 +114,12 @@ def test_demo_runs_on_warm_spark_and_a_signal_stops_everything(tmp_path, signum,
         assert "will not be used" not in output  # Dagster's warning about a dagster.yaml in the cwd
         assert "Setting default log level" not in output and " WARN " not in output
     finally:
+        leaders = [demo.pid, *_children(demo.pid)]  # dagster dev and the run host lead sessions of their own
         if demo.poll() is None:
             demo.kill()
-        for pid in session_members(demo.pid):
-            os.kill(pid, signal.SIGKILL)
+        for pid in [p for leader in leaders for p in session_members(leader)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         if connect_server.status(spark).pid:
             connect_server.stop(spark)
 
