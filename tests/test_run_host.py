@@ -37,7 +37,7 @@ run_coordinator:
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     config = write_config(tmp_path)
     open_catalog(load_config(config).catalog).create_namespace("ns")
-    for name in ("ns.t1", "ns.t2", "ns.t3"):
+    for name in ("ns.t1", "ns.t2", "ns.t3", "ns.t4"):
         trivial_table(config, name)
     home = tmp_path / "home"
     home.mkdir()
@@ -118,6 +118,12 @@ def test_runs_fork_from_the_warm_host_terminate_and_fall_back(home: Path):
         assert run.status == DagsterRunStatus.CANCELED, messages(run_id)
         health = instance.run_launcher.check_run_worker_health
         wait(lambda: health(run).status != WorkerStatus.RUNNING, 60, "the canceled run's process to exit")
+
+        # a run process that dies (OOM killer, kill -9) is FAILED to run monitoring
+        run_id = launch(home, "ns.t3")
+        wait(lambda: instance.get_run_by_id(run_id).status == DagsterRunStatus.STARTED, 120, "run start")
+        os.kill(int(instance.get_run_by_id(run_id).tags[HOST_PID_TAG]), signal.SIGKILL)
+        wait(lambda: health(instance.get_run_by_id(run_id)).status == WorkerStatus.FAILED, 30, "FAILED health")
     finally:
         host.send_signal(signal.SIGTERM)
         host.wait(30)
@@ -125,7 +131,7 @@ def test_runs_fork_from_the_warm_host_terminate_and_fall_back(home: Path):
     # nothing the runs started outlives them (a local JVM interrupted before its driver connected did)
     wait(lambda: not working_in(home), 30, f"processes working in {home} to exit: {working_in(home)}")
 
-    run = finished(launch(home, "ns.t3"))
+    run = finished(launch(home, "ns.t4"))
     logs = messages(run.run_id)
     assert run.status == DagsterRunStatus.SUCCESS, logs
     assert HOST_PID_TAG not in run.tags

@@ -13,6 +13,7 @@ The host is single-threaded (fork is safe) and answers one request per connectio
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import signal
@@ -94,6 +95,9 @@ def _reap(children: dict[int, int | None]) -> None:
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 children[pid] = os.waitstatus_to_exitcode(status)
+                # a run killed outright (kill -9, OOM) could not take its group along itself
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGTERM)
 
 
 def _handle(message: dict, children: dict[int, int | None], listener: socket.socket) -> dict:
