@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from compaction_assets.config import CompactionConfig
+from compaction_assets.dagster_host import process as run_host
 from compaction_assets.defs.naming import LOCATION_NAME, WEBSERVER_ENV
 from compaction_assets.demo import append_order_batches
 from compaction_assets.execution import connect_server
@@ -31,7 +32,7 @@ def run_dagster_dev(config: CompactionConfig, port: int, stream: bool) -> int:
 
     SIGINT and SIGTERM (Ctrl-C, `kill PID`) stop the whole demo: dagster dev runs in a process
     group of its own, which gets the signal and is waited for (and killed if it lingers), then
-    the Spark Connect server the demo started is stopped.
+    the warm run host (its session too) and the Spark Connect server the demo started are stopped.
     """
     base = Path(config.source).parent
     home = base / ".dagster_home"
@@ -59,7 +60,7 @@ def run_dagster_dev(config: CompactionConfig, port: int, stream: bool) -> int:
     command = [str(Path(sys.executable).parent / "dagster"), "dev", "-h", "127.0.0.1", "-p", str(port)]
     with _signals_raise() as received:
         try:
-            with warm_spark(config):
+            with warm_spark(config), warm_run_host(home, env):
                 print(
                     f"\nDagster UI: {url}\n"
                     f"  asset graph (lineage, one asset per table): {url}/asset-groups\n"
@@ -164,6 +165,18 @@ def warm_spark(config: CompactionConfig) -> Iterator[None]:
     finally:
         if started:
             connect_server.stop(config.spark)
+
+
+@contextmanager
+def warm_run_host(home: Path, env: dict[str, str]) -> Iterator[None]:
+    """The run host WarmRunLauncher hands runs to (a fork per run instead of a new Python), in a
+    session of its own with its runs; signalled and waited for on the way out."""
+    print("starting the warm run host (dagster and the compaction code imported once) ...", flush=True)
+    host = run_host.start(home, env)
+    try:
+        yield
+    finally:
+        _stop_group(host, signal.SIGTERM, grace_s=20)
 
 
 def _stream_orders(config: CompactionConfig, stop: threading.Event) -> None:

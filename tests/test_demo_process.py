@@ -2,6 +2,7 @@
 fixed cost, a new table appears in the UI without a manual reload, and SIGINT or SIGTERM to the
 demo's PID leaves no process behind."""
 
+import contextlib
 import json
 import os
 import re
@@ -92,9 +93,11 @@ def test_demo_runs_on_warm_spark_and_a_signal_stops_everything(tmp_path, signum,
             graphql = f"http://127.0.0.1:{ui_port}/graphql"
             wait_for(lambda: ["lake", "demo", "fresh"] in asset_keys(graphql), 240, "demo.fresh not in the UI", log)
             assert "tables changed (new: demo.fresh): reloading code location 'compaction_assets'" in log.read_text()
-        [dagster_dev] = [p for p in _children(demo.pid) if session_members(p)[:1] == [p]]  # leads its session
-        before = session_members(demo.pid) + session_members(dagster_dev)
-        assert len(before) > 3  # demo, dagster dev, webserver, daemon, code server, Spark, ...
+        leaders = [p for p in _children(demo.pid) if session_members(p)[:1] == [p]]  # each leads its session
+        [run_host] = [p for p in leaders if b"compaction_assets.dagster_host" in _cmdline(p)]  # the warm run host
+        [dagster_dev] = [p for p in leaders if p != run_host]
+        before = session_members(demo.pid) + session_members(dagster_dev) + session_members(run_host)
+        assert len(before) > 3  # demo, dagster dev, webserver, daemon, code server, run host, Spark, ...
 
         if to_group:
             os.killpg(demo.pid, signum)
@@ -103,6 +106,7 @@ def test_demo_runs_on_warm_spark_and_a_signal_stops_everything(tmp_path, signum,
         assert demo.wait(timeout=180) == 0
 
         left = [p for p in before if _alive(p)] + session_members(demo.pid) + session_members(dagster_dev)
+        left += session_members(run_host)
         assert not left, f"left behind: {left}"
         assert not _alive(server_pid)
         assert not answers(url) and not listening(ui_port) and not listening(spark_port)
@@ -110,10 +114,12 @@ def test_demo_runs_on_warm_spark_and_a_signal_stops_everything(tmp_path, signum,
         assert "will not be used" not in output  # Dagster's warning about a dagster.yaml in the cwd
         assert "Setting default log level" not in output and " WARN " not in output
     finally:
+        leaders = [demo.pid, *_children(demo.pid)]  # dagster dev and the run host lead sessions of their own
         if demo.poll() is None:
             demo.kill()
-        for pid in session_members(demo.pid):
-            os.kill(pid, signal.SIGKILL)
+        for pid in [p for leader in leaders for p in session_members(leader)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         if connect_server.status(spark).pid:
             connect_server.stop(spark)
 
@@ -127,6 +133,13 @@ def _children(parent: int) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def _alive(pid: int) -> bool:

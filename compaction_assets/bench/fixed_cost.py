@@ -1,7 +1,9 @@
 """The fixed cost of a run: `compaction-assets compact` of a trivial partition, in a new process,
 cold (local mode: a JVM per run) against warm (connect mode: the shared Spark Connect server);
 and the same for a Dagster run (`dagster job execute`: what a launched run's process does), whose
-fixed cost is its wall time less the compaction's own seconds (`dagster_run_fixed_cost_s`)."""
+fixed cost is its wall time less the compaction's own seconds (`dagster_run_fixed_cost_s`); and a
+Dagster run launched by WarmRunLauncher into the warm run host (a forked child, no new Python):
+its fixed cost is what the run logs, from its RUN_STARTING event to its result less compaction."""
 
 from __future__ import annotations
 
@@ -14,9 +16,11 @@ import time
 from pathlib import Path
 
 import yaml
+from dagster import DagsterEventType, DagsterInstance
 
 from compaction_assets.bench.datasets import rows
 from compaction_assets.config import load_config
+from compaction_assets.dagster_host import process as run_host
 from compaction_assets.defs.naming import job_name
 from compaction_assets.demo import append_fragments
 from compaction_assets.execution import connect_server
@@ -61,13 +65,61 @@ def timed_dagster_run(config_path: Path, name: str) -> tuple[float, float]:
     return seconds, seconds - float(found.group(1))
 
 
+_HOST_YAML = """telemetry: {enabled: false}
+run_launcher: {module: compaction_assets.dagster_host.launcher, class: WarmRunLauncher}
+run_coordinator:
+  module: dagster._core.run_coordinator.sync_in_memory_run_coordinator
+  class: SyncInMemoryRunCoordinator
+"""
+
+
+def timed_host_runs(config_path: Path, names: list[str], log=print) -> list[tuple[float, float]]:  # noqa: ANN001
+    """(RUN_STARTING to RUN_SUCCESS seconds, logged fixed cost) of runs launched into the run host.
+
+    `dagster job launch` loads the code location in a code server of its own first (a deployment
+    has it loaded already), so the clock starts at the run's RUN_STARTING event, as the run's own does.
+    """
+    home = config_path.parent / "dagster-host-home"
+    home.mkdir(exist_ok=True)
+    (home / "dagster.yaml").write_text(_HOST_YAML)
+    env = {**os.environ, "COMPACTION_CONFIG": str(config_path), "DAGSTER_HOME": str(home)}
+    started = time.perf_counter()
+    host = run_host.start(home, env, log=home / "run-host.log")
+    log(f"[fixed cost] run host ready in {time.perf_counter() - started:.1f}s")
+    results = []
+    try:
+        with DagsterInstance.from_config(str(home)) as instance:
+            for name in names:
+                command = [str(Path(sys.executable).parent / "dagster"), "job", "launch"]
+                command += ["-m", "compaction_assets.definitions", "-j", job_name(name)]
+                done = subprocess.run(command, env=env, cwd=home, capture_output=True, text=True)
+                if done.returncode != 0:
+                    raise RuntimeError(f"bench: dagster job launch of {name} failed:\n{done.stderr[-3000:]}")
+                [run] = instance.get_runs(limit=1)
+                while not (run := instance.get_run_by_id(run.run_id)).is_finished:
+                    time.sleep(0.2)
+                events = instance.all_logs(run.run_id)
+                text = "\n".join(e.message or "" for e in events)
+                found = re.search(r"dagster_run_fixed_cost_s=([0-9.]+)", text)
+                if not found or "forked from the warm run host" not in text:
+                    raise RuntimeError(f"bench: host run of {name} ({run.status}) failed:\n{text[-3000:]}")
+                stamp = {e.dagster_event_type: e.timestamp for e in events if e.dagster_event_type}
+                seconds = stamp[DagsterEventType.RUN_SUCCESS] - stamp[DagsterEventType.RUN_STARTING]
+                results.append((seconds, float(found.group(1))))
+                log(f"[fixed cost] Dagster run in the run host: {results[-1][0]:.2f}s, fixed {results[-1][1]:.2f}s")
+    finally:
+        host.terminate()
+        host.wait(30)
+    return results
+
+
 def measure(config_path: Path, port: int, runs: int = 3, log=print) -> dict[str, float]:  # noqa: ANN001
     """Median seconds of `runs` cold and `runs` warm runs (after one warm-up run on the server)."""
     doc = yaml.safe_load(config_path.read_text())
     doc["spark"] = {**doc["spark"], "mode": "connect", "remote": f"sc://127.0.0.1:{port}", "server_dir": "spark-server"}
     connect_path = config_path.with_name("connect.yaml")
     connect_path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    for i in range(4 * runs + 1):
+    for i in range(5 * runs + 1):
         trivial_table(config_path, f"bench.trivial{i}")
     cold = []
     for i in range(runs):
@@ -98,6 +150,7 @@ def measure(config_path: Path, port: int, runs: int = 3, log=print) -> dict[str,
                 f"[fixed cost] Dagster run, warm Spark {i + 1}: {dagster_warm[-1][0]:.2f}s, "
                 f"fixed {dagster_warm[-1][1]:.2f}s"
             )
+        hosted = timed_host_runs(connect_path, [f"bench.trivial{4 * runs + 1 + i}" for i in range(runs)], log)
     finally:
         connect_server.stop(spark)
     cold_s, warm_s = statistics.median(cold), statistics.median(warm)
@@ -114,4 +167,7 @@ def measure(config_path: Path, port: int, runs: int = 3, log=print) -> dict[str,
         "dagster_run_fixed_cost_s": statistics.median(f for _, f in dagster_warm),
         "dagster_run_fixed_cost_local_s": statistics.median(f for _, f in dagster_cold),
         "dagster_warm_over_local": dagster_warm_s / dagster_cold_s,
+        "dagster_host_run_s": statistics.median(s for s, _ in hosted),
+        "dagster_host_run_fixed_cost_s": statistics.median(f for _, f in hosted),
+        "dagster_host_over_local": statistics.median(s for s, _ in hosted) / dagster_cold_s,
     }

@@ -271,6 +271,11 @@ def run_bench(
             f"dagster_warm_over_local={cost['dagster_warm_over_local']:.3f} "
             f"(run {cost['dagster_run_warm_s']:.1f}s warm, {cost['dagster_run_local_s']:.1f}s local)"
         )
+        log(
+            f"dagster_run_fixed_cost_s={cost['dagster_host_run_fixed_cost_s']:.2f} in the warm run host; "
+            f"dagster_host_over_local={cost['dagster_host_over_local']:.3f} "
+            f"(run {cost['dagster_host_run_s']:.1f}s from RUN_STARTING, {cost['dagster_run_local_s']:.1f}s local)"
+        )
     if commits := report.extras.get("commits"):
         log(f"commits_per_table={commits['commits']} for {commits['partitions_compacted']} partitions")
     for d in report.datasets:

@@ -1,0 +1,3 @@
+from compaction_assets.dagster_host.host import main
+
+main()
