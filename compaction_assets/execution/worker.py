@@ -41,10 +41,23 @@ RESULT_SCHEMA = (
 
 
 @dataclass(frozen=True)
+class DeleteSpec:
+    """A delete file some sources of a group must have applied (the driver decided which, by
+    the spec's rule: lake.deletes.ApplyingDeletes)."""
+
+    path: str
+    content: int  # DataFileContent: 1 position deletes, 2 equality deletes
+    size: int
+    records: int
+    equality_ids: list[int] | None = None  # equality deletes: the field ids rows are matched on
+
+
+@dataclass(frozen=True)
 class SourceFile:
     path: str
     size: int
     records: int
+    deletes: list[int] = field(default_factory=list)  # indices into its GroupSpec.deletes that apply to it
 
 
 @dataclass(frozen=True)
@@ -58,6 +71,7 @@ class GroupSpec:
     file_prefix: str  # the attempt id: every file this group writes starts with it
     max_files: int  # roll to a new file at the target size only while fewer than this exist
     polars: bool  # the driver found the group fit for Polars (polars_rewrite.qualifies)
+    deletes: list[DeleteSpec] = field(default_factory=list)  # delete files some of its sources need applied
 
 
 @dataclass(frozen=True)
@@ -78,7 +92,16 @@ class RewriteJob:
     @staticmethod
     def from_json(raw: str) -> RewriteJob:
         doc = json.loads(raw)
-        doc["groups"] = [GroupSpec(**{**g, "sources": [SourceFile(**s) for s in g["sources"]]}) for g in doc["groups"]]
+        doc["groups"] = [
+            GroupSpec(
+                **{
+                    **g,
+                    "sources": [SourceFile(**s) for s in g["sources"]],
+                    "deletes": [DeleteSpec(**d) for d in g["deletes"]],
+                }
+            )
+            for g in doc["groups"]
+        ]
         doc["sort_columns"] = [tuple(c) for c in doc["sort_columns"]]
         return RewriteJob(**doc)
 
@@ -88,10 +111,11 @@ class GroupOutcome:
     group: int
     data_files: list[DataFile]
     error: str | None
-    rows_read: int
+    rows_read: int  # rows decoded from the sources, deleted ones included
     bytes_read: int
     peak_rss: int = 0  # the worker process's peak resident bytes while rewriting the group
     engine: str = "arrow"  # polars (whole group in Polars) | arrow (pyarrow, per-file projection where needed)
+    rows_deleted: int = 0  # rows of rows_read that deletes removed (rows written = rows_read - rows_deleted)
 
 
 def rewrite_partition_batches(job_json: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

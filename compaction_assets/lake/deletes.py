@@ -1,5 +1,9 @@
 """Which delete files can apply to which data files: one rule for the planner and the commit.
 
+Two indexes. `ApplyingDeletes` is the spec's exact rule with sequence numbers, for deciding
+which deletes a rewrite must apply to a data file (and which deletes dangle once files are
+replaced). `DeleteIndex` is the widened, sequence-number-free rule for conflict checks (below).
+
 The Iceberg spec ("Scan Planning") applies a delete file to a data file of the same partition
 (spec id and partition tuple), or to every data file when the delete file's spec is unpartitioned
 (a global delete); a position delete file that references one data file applies to that file
@@ -17,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol
 
 from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.typedef import Record
@@ -41,6 +45,15 @@ def referenced_data_file(delete_file: DataFile) -> str | None:
         return lower.decode("utf-8")
     except UnicodeDecodeError:
         return None
+
+
+def path_in_bounds(delete_file: DataFile, data_path: str) -> bool:
+    """Whether a position delete file's file_path column bounds admit `data_path` (Java's
+    ContentFileUtil / DeleteFileIndex.canContainPosDeletesForFile); True when bounds are missing."""
+    lower = (delete_file.lower_bounds or {}).get(FILE_PATH_FIELD_ID)
+    upper = (delete_file.upper_bounds or {}).get(FILE_PATH_FIELD_ID)
+    path = data_path.encode("utf-8")
+    return (lower is None or lower <= path) and (upper is None or path <= upper)
 
 
 def _tuple(partition: Record) -> tuple[Any, ...]:
@@ -86,3 +99,59 @@ def files_with_deletes(data_files: Iterable[DataFile], delete_files: Iterable[Da
     if not index:
         return set()
     return {f.file_path for f in data_files if index.for_data_file(f)}
+
+
+class SequencedFile(Protocol):
+    """A live file with its data sequence number (lake.files.LiveFile has these)."""
+
+    @property
+    def data_file(self) -> DataFile: ...
+    @property
+    def data_sequence_number(self) -> int: ...
+
+
+def _scope(data_file: DataFile) -> tuple[int, tuple[Any, ...]]:
+    return data_file.spec_id, _tuple(data_file.partition)
+
+
+class ApplyingDeletes:
+    """The Iceberg spec's rule ("Scan Planning"), exactly: which live delete files apply to a data file.
+
+    - a position delete applies when it is of the data file's spec and partition, or of an
+      unpartitioned spec; the data file's data sequence number is <= the delete's; and its
+      file_path bounds admit the data file's path (its rows then name the positions);
+    - an equality delete applies when it is of the data file's spec and partition, or of an
+      unpartitioned spec, and the data file's data sequence number is < the delete's.
+    A position delete listed here may hold no row for the file: the rewrite reads it to find out.
+    """
+
+    def __init__(self, deletes: Iterable[SequencedFile]) -> None:
+        self._scoped: dict[tuple[int, tuple[Any, ...]], list[SequencedFile]] = {}
+        self._global: list[SequencedFile] = []
+        for delete in deletes:
+            content = delete.data_file.content
+            if content == DataFileContent.DATA:
+                raise ValueError(f"not a delete file: {delete.data_file.file_path}")
+            if len(delete.data_file.partition) == 0:
+                self._global.append(delete)
+            else:
+                self._scoped.setdefault(_scope(delete.data_file), []).append(delete)
+
+    def __bool__(self) -> bool:
+        return bool(self._scoped or self._global)
+
+    def for_data_file(self, data: SequencedFile) -> list[SequencedFile]:
+        """The live delete files that apply to `data`, by the spec's rule (see the class doc)."""
+        if not self:
+            return []
+        candidates = [*self._scoped.get(_scope(data.data_file), ()), *self._global]
+        return [d for d in candidates if applies(d, data)]
+
+
+def applies(delete: SequencedFile, data: SequencedFile) -> bool:
+    """Whether `delete` applies to `data` by sequence numbers and path bounds (scope is the caller's)."""
+    if delete.data_file.content == DataFileContent.POSITION_DELETES:
+        return data.data_sequence_number <= delete.data_sequence_number and path_in_bounds(
+            delete.data_file, data.data_file.file_path
+        )
+    return data.data_sequence_number < delete.data_sequence_number

@@ -20,6 +20,7 @@ class LiveFile:
     partition_id: PartitionId  # what files are grouped by: (spec id, typed values)
     partition_key: str  # its injective rendering (lake.partition_key)
     added_at_ms: int
+    data_sequence_number: int = 0  # its entry's (inherited); 0 in a format-version-1 table
 
     @property
     def path(self) -> str:
@@ -69,7 +70,8 @@ def live_files(table: Table) -> list[LiveFile]:
             key = keys.get(pid)
             if key is None:
                 key = keys[pid] = partition_key(table, data_file)
-            files.append(LiveFile(data_file, pid, key, added_at.get(entry.snapshot_id, snapshot.timestamp_ms)))
+            added_ms = added_at.get(entry.snapshot_id, snapshot.timestamp_ms)
+            files.append(LiveFile(data_file, pid, key, added_ms, entry.sequence_number or 0))
     return files
 
 
