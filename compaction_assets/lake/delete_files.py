@@ -1,0 +1,203 @@
+"""Write real position- and equality-delete files, and commit them the way another engine (Spark,
+Flink) would. The cheaper merge-on-read tiers write position deletes with these; the demo's CDC
+table and the tests use them as "another engine".
+
+pyiceberg 0.12 reads position deletes but cannot write delete files, and has no public API to
+commit them: a `_FastAppendFiles` producer (a private name of pyiceberg 0.12) is taught to write
+its added files into a DELETES manifest. The delete files are real Parquet files with the field ids
+the spec reserves (file_path 2147483546, pos 2147483545) or the equality columns' own ids, and the
+DataFile carries `equality_ids`, so any reader (DuckDB, Spark) can apply them. The snapshot has
+operation `delete` and pyiceberg's summary counts (added-position-deletes, added-delete-files, ...).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyiceberg.io.pyarrow import (
+    compute_statistics_plan,
+    data_file_statistics_from_parquet_metadata,
+    parquet_path_to_id_mapping,
+    schema_to_pyarrow,
+)
+from pyiceberg.manifest import (
+    DataFile,
+    DataFileContent,
+    FileFormat,
+    ManifestContent,
+    ManifestEntry,
+    ManifestEntryStatus,
+    ManifestFile,
+    ManifestWriterV2,
+)
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Operation, SnapshotSummaryCollector, Summary, update_snapshot_summaries
+from pyiceberg.table.update.snapshot import _FastAppendFiles
+from pyiceberg.typedef import EMPTY_DICT, Record, TableVersion
+from pyiceberg.types import IntegerType, ListType, NestedField, StructType
+
+FILE_PATH_ID = 2147483546  # reserved field ids of a position-delete file (Iceberg spec)
+POS_ID = 2147483545
+
+
+class _DeleteManifestWriter(ManifestWriterV2):
+    """A v2 manifest writer whose manifest holds delete files (content=deletes).
+
+    pyiceberg 0.12 declares `equality_ids` as list<long>; the spec says list<int> (field 136), and
+    readers that follow it (DuckDB 1.4.4: "Expected vector of type INT32, but found INT64"; Java
+    cannot narrow long to int either) fail on such a manifest: the file schema says int here.
+    """
+
+    def content(self) -> ManifestContent:
+        return ManifestContent.DELETES
+
+    @property
+    def _meta(self) -> dict[str, str]:
+        return {**super()._meta, "content": "deletes"}
+
+    def _with_partition(self, format_version: TableVersion) -> Schema:
+        schema = super()._with_partition(format_version)
+        return Schema(*[_int_equality_ids(f) if f.field_id == 2 else f for f in schema.fields])
+
+
+def _int_equality_ids(data_file: NestedField) -> NestedField:
+    assert isinstance(data_file.field_type, StructType)
+    fields = [
+        NestedField(135, f.name, ListType(136, IntegerType(), element_required=True), required=False, doc=f.doc)
+        if f.field_id == 135
+        else f
+        for f in data_file.field_type.fields
+    ]
+    return NestedField(data_file.field_id, data_file.name, StructType(*fields), required=data_file.required)
+
+
+class _AddDeleteFiles(_FastAppendFiles):
+    """A fast append whose added files are delete files: one DELETES manifest per spec."""
+
+    def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
+        """pyiceberg's summary, with each file's partition rendered by its own spec (pyiceberg 0.12
+        renders added files by the default spec: IndexError for a file of an older, wider spec)."""
+        metadata = self._transaction.table_metadata
+        collector = SnapshotSummaryCollector()
+        for delete_file in self._added_data_files:
+            collector.add_file(delete_file, metadata.schema(), metadata.specs()[delete_file.spec_id])
+        parent = metadata.snapshot_by_id(self._parent_snapshot_id) if self._parent_snapshot_id is not None else None
+        return update_snapshot_summaries(
+            summary=Summary(operation=self._operation, **collector.build(), **snapshot_properties),
+            previous_summary=parent.summary if parent is not None else None,
+        )
+
+    def _manifests(self) -> list[ManifestFile]:
+        metadata = self._transaction.table_metadata
+        by_spec: dict[int, list[DataFile]] = {}
+        for delete_file in self._added_data_files:
+            by_spec.setdefault(delete_file.spec_id, []).append(delete_file)
+        manifests = []
+        for spec_id, files in by_spec.items():
+            writer = _DeleteManifestWriter(
+                metadata.specs()[spec_id],
+                metadata.schema(),
+                self.new_manifest_output(),
+                self._snapshot_id,
+                self._compression,
+            )
+            with writer:
+                for delete_file in files:
+                    writer.add(
+                        ManifestEntry.from_args(
+                            status=ManifestEntryStatus.ADDED, snapshot_id=self._snapshot_id, data_file=delete_file
+                        )
+                    )
+            manifests.append(writer.to_manifest_file())
+        return self._existing_manifests() + manifests
+
+
+def commit_delete_files(table: Table, delete_files: Sequence[DataFile]) -> int:
+    """Commit the delete files in one `delete` snapshot; returns its snapshot id."""
+    txn = table.transaction()
+    producer = _AddDeleteFiles(operation=Operation.DELETE, transaction=txn, io=table.io)
+    for delete_file in delete_files:
+        producer.append_data_file(delete_file)
+    with producer:
+        pass
+    txn.commit_transaction()
+    table.refresh()
+    return table.current_snapshot().snapshot_id
+
+
+def _write_parquet(table: Table, rows: pa.Table, kind: str) -> tuple[str, int, pq.FileMetaData]:
+    path = f"{table.location().rstrip('/')}/data/{kind}-{uuid.uuid4().hex}.parquet"
+    with table.io.new_output(path).create() as stream:
+        writer = pq.ParquetWriter(stream, rows.schema)
+        writer.write_table(rows)
+        writer.close()
+        metadata = writer.writer.metadata
+    return path, len(table.io.new_input(path)), metadata
+
+
+def position_delete_file(table: Table, data_file: DataFile, positions: Sequence[int]) -> DataFile:
+    """Write a position-delete file removing rows `positions` (0-based) of the live `data_file`."""
+    schema = pa.schema(
+        [
+            pa.field("file_path", pa.string(), nullable=False, metadata={b"PARQUET:field_id": str(FILE_PATH_ID)}),
+            pa.field("pos", pa.int64(), nullable=False, metadata={b"PARQUET:field_id": str(POS_ID)}),
+        ]
+    )
+    positions = sorted(positions)
+    rows = pa.table({"file_path": [data_file.file_path] * len(positions), "pos": positions}, schema=schema)
+    path, size, _ = _write_parquet(table, rows, "pos-delete")
+    delete_file = DataFile.from_args(
+        content=DataFileContent.POSITION_DELETES,
+        file_path=path,
+        file_format=FileFormat.PARQUET,
+        partition=data_file.partition,
+        record_count=len(positions),
+        file_size_in_bytes=size,
+        # bounds on file_path say which data file it targets, as Java's writer records them
+        lower_bounds={FILE_PATH_ID: data_file.file_path.encode(), POS_ID: positions[0].to_bytes(8, "little")},
+        upper_bounds={FILE_PATH_ID: data_file.file_path.encode(), POS_ID: positions[-1].to_bytes(8, "little")},
+    )
+    delete_file.spec_id = data_file.spec_id
+    return delete_file
+
+
+def equality_delete_file(
+    table: Table, spec_id: int, partition: Record, columns: Sequence[str], values: Sequence[Mapping[str, Any]]
+) -> DataFile:
+    """Write an equality-delete file on `columns` (current schema names) in one partition of a spec:
+    it removes every row of that partition, committed before it, equal on all columns to a value."""
+    current = table.schema()
+    ids = [current.find_field(name).field_id for name in columns]
+    delete_schema = Schema(*[current.find_field(i) for i in ids], schema_id=current.schema_id)
+    rows = pa.Table.from_pylist([dict(v) for v in values], schema=schema_to_pyarrow(delete_schema))
+    path, size, metadata = _write_parquet(table, rows, "eq-delete")
+    stats = data_file_statistics_from_parquet_metadata(
+        metadata, compute_statistics_plan(delete_schema, table.properties), parquet_path_to_id_mapping(delete_schema)
+    )
+    delete_file = DataFile.from_args(
+        content=DataFileContent.EQUALITY_DELETES,
+        file_path=path,
+        file_format=FileFormat.PARQUET,
+        partition=partition,
+        file_size_in_bytes=size,
+        equality_ids=ids,
+        **stats.to_serialized_dict(),
+    )
+    delete_file.spec_id = spec_id
+    return delete_file
+
+
+def read_column(table: Table, data_file: DataFile, field_id: int, name: str) -> list[Any]:
+    """One column of a data file, in row order: by Iceberg field id, else by name (files added
+    with add_files carry no field ids)."""
+    with table.io.new_input(data_file.file_path).open() as stream:
+        parquet = pq.read_table(stream)
+    for index, field in enumerate(parquet.schema):
+        if field.metadata and field.metadata.get(b"PARQUET:field_id") == str(field_id).encode():
+            return parquet.column(index).to_pylist()
+    return parquet.column(name).to_pylist()
