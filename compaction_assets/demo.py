@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import datetime as dt
 import random
-from collections.abc import Iterable
 from pathlib import Path
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
-from pyiceberg.io.pyarrow import _dataframe_to_data_files
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
@@ -17,10 +15,12 @@ from pyiceberg.transforms import DayTransform, IdentityTransform
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType, TimestampType
 
 from compaction_assets.config import CatalogConfig
+from compaction_assets.demo_cdc import CDC_TABLE, create_cdc_table
 from compaction_assets.errors import CompactionError
+from compaction_assets.lake.appends import append_fragments
 from compaction_assets.redact import redact
 
-DEMO_TABLES = ("demo.events", "sales.orders", "demo.metrics", "demo.users")
+DEMO_TABLES = ("demo.events", "sales.orders", "demo.metrics", "demo.users", CDC_TABLE)
 MARKER_SUFFIX = ".demo-lake"  # beside the catalog's SQLite file: the demo created this catalog
 
 
@@ -60,20 +60,6 @@ def _sqlite_file(uri: str) -> Path | None:
     return Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
 
 
-def append_fragments(table: Table, batches: Iterable[pa.Table]) -> int:
-    """Write each micro-batch as its own small file(s) and commit them all in one append.
-
-    The same files a streaming writer leaves, without paying one catalog commit per batch.
-    """
-    with table.transaction() as txn, txn.update_snapshot().fast_append() as append:
-        added = 0
-        for batch in batches:
-            for data_file in _dataframe_to_data_files(txn.table_metadata, batch, table.io):
-                append.append_data_file(data_file)
-                added += 1
-    return added
-
-
 def create_demo_lake(catalog: Catalog, files_per_partition: int = 60, seed: int = 7) -> dict[str, int]:
     """(Re)create the demo tables in a catalog `claim_demo_catalog` marked; returns files per table."""
     if not is_demo_catalog(catalog):
@@ -89,6 +75,7 @@ def create_demo_lake(catalog: Catalog, files_per_partition: int = 60, seed: int 
         "sales.orders": _orders(catalog, files_per_partition, rng),
         "demo.metrics": _metrics(catalog, files_per_partition, rng),
         "demo.users": _users(catalog, files_per_partition, rng),
+        CDC_TABLE: create_cdc_table(catalog, max(2, files_per_partition // 3), rng),
     }
     return written
 
