@@ -57,7 +57,7 @@ def ours(engine: Engine, table_name: str, expected: RowsDigest, bytes_in: int, f
 
 def deltars(uri: str, target_bytes: int, expected: RowsDigest, bytes_in: int, files: int) -> Result:
     """delta-rs `DeltaTable.optimize.compact()`, Snappy, as it writes by default."""
-    seconds, rss = _in_child(_deltars_compact, uri, target_bytes)
+    seconds, rss = in_child(_deltars_compact, uri, target_bytes)
     from deltalake import DeltaTable
 
     table = DeltaTable(uri)
@@ -67,7 +67,7 @@ def deltars(uri: str, target_bytes: int, expected: RowsDigest, bytes_in: int, fi
 
 def pyarrow_copy(sources: list[Path], out: Path, target_bytes: int, expected: RowsDigest, bytes_in: int) -> Result:
     """The limit: one thread streaming every file's record batches into target-size files."""
-    seconds, rss = _in_child(_pyarrow_copy, [str(p) for p in sources], str(out), target_bytes)
+    seconds, rss = in_child(_pyarrow_copy, [str(p) for p in sources], str(out), target_bytes)
     written = sorted(out.glob("*.parquet"))
     identical = batches_digest(ds.dataset(written).to_batches()) == expected
     return Result("pyarrow 1 thread", seconds, bytes_in, len(sources), len(written), rss, "process", identical)
@@ -95,7 +95,7 @@ def jvm_peak_rss(spark: SparkSession) -> int:
     return peak_rss(Path(f"/proc/{spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()}/status"))
 
 
-def _in_child(function, *args) -> tuple[float, int]:  # noqa: ANN001
+def in_child(function, *args) -> tuple[float, int]:  # noqa: ANN001
     """Run `function(*args)` in a fresh process; its seconds (measured inside) and peak RSS."""
     context = multiprocessing.get_context("spawn")
     with context.Pool(1) as pool:

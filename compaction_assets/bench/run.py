@@ -21,7 +21,7 @@ import pyarrow.dataset as ds
 import yaml
 from pyiceberg.table import Table
 
-from compaction_assets.bench import contenders, datasets, fixed_cost, planning_scale
+from compaction_assets.bench import cdc, contenders, datasets, fixed_cost, planning_scale
 from compaction_assets.bench.datasets import Dataset
 from compaction_assets.config import load_config
 from compaction_assets.engine import Engine
@@ -41,12 +41,14 @@ class DatasetReport:
     bytes: int
     results: list[contenders.Result] = field(default_factory=list)
 
-    def seconds(self, contender: str) -> float:
-        return next(r.seconds for r in self.results if r.contender == contender)
+    def seconds(self, contender: str) -> float | None:
+        return next((r.seconds for r in self.results if r.contender == contender), None)
 
     @property
-    def ratio_vs_deltars(self) -> float:
-        return self.seconds("ours") / self.seconds("delta-rs")
+    def ratio_vs_deltars(self) -> float | None:
+        """None where delta-rs does not take part (it has no merge-on-read deletes to apply)."""
+        theirs = self.seconds("delta-rs")
+        return self.seconds("ours") / theirs if theirs else None
 
     @property
     def share_of_two_pyarrow_cores(self) -> float:
@@ -65,7 +67,8 @@ class BenchReport:
     def to_json(self) -> str:
         doc = asdict(self)
         for report, entry in zip(self.datasets, doc["datasets"], strict=True):
-            entry["ratio_vs_deltars"] = round(report.ratio_vs_deltars, 3)
+            ratio = report.ratio_vs_deltars
+            entry["ratio_vs_deltars"] = None if ratio is None else round(ratio, 3)
             for result, row in zip(report.results, entry["results"], strict=True):
                 row["mb_per_s"] = round(result.mb_per_s, 1)
         return json.dumps(doc, indent=2)
@@ -129,10 +132,7 @@ def compare(
             timed.setdefault(result.contender, []).append(result)
         seconds = ", ".join(f"{c} {r[-1].seconds:.2f}s" for c, r in timed.items())
         log(f"[{dataset.name}] run {k + 1}/{repeats}: {seconds}")
-    for results in timed.values():
-        median = sorted(results, key=lambda r: r.seconds)[len(results) // 2]
-        median.runs = [r.seconds for r in results]
-        report.results.append(median)
+    report.results.extend(median_results(timed))
     spark_result = contenders.spark_dataframe(spark, sources, folder / "spark", TARGET, expected, bytes_in)
     _check(dataset, spark_result)
     report.results.append(spark_result)
@@ -144,6 +144,16 @@ def compare(
             + (f"  median of {len(result.runs)}" if len(result.runs) > 1 else "")
         )
     return report
+
+
+def median_results(timed: dict[str, list[contenders.Result]]) -> list[contenders.Result]:
+    """Each contender's median run, with every run's seconds."""
+    medians = []
+    for results in timed.values():
+        median = sorted(results, key=lambda r: r.seconds)[len(results) // 2]
+        median.runs = [r.seconds for r in results]
+        medians.append(median)
+    return medians
 
 
 def _check(dataset: Dataset, result: contenders.Result) -> None:
@@ -243,7 +253,13 @@ def run_bench(
     log(f"warm-up compaction (starts the Spark Python workers, as a long-lived session has) {report.warmup_s:.1f}s")
     try:
         for dataset in sets:
-            report.datasets.append(compare(engine, spark, root, dataset, log, repeats))
+            if dataset.name == cdc.CDC.name:
+                bytes_in, timed = cdc.compare_cdc(engine, root, log, repeats, TARGET)
+                cdc_report = DatasetReport(dataset.name, dataset.files, dataset.rows, bytes_in)
+                cdc_report.results.extend(median_results(timed))
+                report.datasets.append(cdc_report)
+            else:
+                report.datasets.append(compare(engine, spark, root, dataset, log, repeats))
             shutil.rmtree(root / "data" / dataset.name, ignore_errors=True)
         if large_gib:
             report.extras["memory"] = memory_group(engine, root, log, large_gib)
@@ -256,9 +272,10 @@ def run_bench(
     finally:
         shutil.rmtree(root / "data", ignore_errors=True)
     for d in report.datasets:
+        spark_df = d.seconds("spark dataframe")
         log(
-            f"[{d.dataset}] ours at {d.share_of_two_pyarrow_cores:.0%} of 2 x single-thread pyarrow; "
-            f"ours/spark-dataframe {d.seconds('ours') / d.seconds('spark dataframe'):.2f}"
+            f"[{d.dataset}] ours at {d.share_of_two_pyarrow_cores:.0%} of 2 x single-thread pyarrow"
+            + (f"; ours/spark-dataframe {d.seconds('ours') / spark_df:.2f}" if spark_df else "")
         )
     if memory := report.extras.get("memory"):
         log(f"peak_rss_mb={memory['worker_peak_rss_bytes'] / MiB:.0f} group_gb={memory['group_bytes'] / 1e9:.2f}")
@@ -279,7 +296,12 @@ def run_bench(
     if commits := report.extras.get("commits"):
         log(f"commits_per_table={commits['commits']} for {commits['partitions_compacted']} partitions")
     for d in report.datasets:
-        log(f"dataset={d.dataset} ratio_vs_deltars={d.ratio_vs_deltars:.3f}")
+        ratio = d.ratio_vs_deltars
+        log(
+            f"dataset={d.dataset} "
+            + (f"ratio_vs_deltars={ratio:.3f} " if ratio is not None else "")
+            + f"share_of_2x_pyarrow={d.share_of_two_pyarrow_cores:.3f}"
+        )
     return report
 
 

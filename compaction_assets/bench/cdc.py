@@ -1,0 +1,167 @@
+"""The bench's "cdc" dataset: a merge-on-read table as a CDC stream leaves it, ours vs one pyarrow thread.
+
+1,000 data files, then about a fifth of their rows deleted: by 300 equality-delete files on `id`
+(1,000,200 keys: the memory bound's key count) and by 200 position-delete files (500 rows of one
+data file each), each kind in a commit of its own after the data, as a stream's later checkpoints
+would. The limit contender reads every file, drops its position-deleted rows, anti-joins it with
+the equality keys and writes target-size files, on one thread. Both keep the same rows: checked
+against the rows the dataset generator knows are live.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+from pyiceberg.typedef import Record
+
+from compaction_assets.bench import contenders, datasets
+from compaction_assets.bench.datasets import CODEC, Dataset
+from compaction_assets.engine import Engine
+from compaction_assets.lake.delete_files import commit_delete_files, equality_delete_file, position_delete_file
+from compaction_assets.lake.digest import RowsDigest, batches_digest, rows_digest
+from compaction_assets.lake.files import live_files
+
+CDC = Dataset("cdc", 1_000, 5_000)
+EQUALITY_FILES, KEYS_PER_EQUALITY_FILE = 300, 3_334
+POSITION_FILES, POSITIONS_PER_FILE = 200, 500
+
+
+@dataclass(frozen=True)
+class CdcDeletes:
+    equality_keys: np.ndarray  # ids deleted by equality
+    positions: dict[str, np.ndarray]  # source file name -> deleted row positions
+
+
+def plan_deletes(dataset: Dataset, seed: int = 3) -> CdcDeletes:
+    """Which rows go: equality keys drawn over every file, positions in POSITION_FILES files."""
+    rng = np.random.default_rng(seed)
+    keys = rng.choice(dataset.rows, size=EQUALITY_FILES * KEYS_PER_EQUALITY_FILE, replace=False).astype(np.int64)
+    victims = rng.choice(dataset.files, size=POSITION_FILES, replace=False)
+    positions = {
+        f"part-{i:05d}.parquet": np.sort(rng.choice(dataset.rows_per_file, POSITIONS_PER_FILE, replace=False))
+        for i in victims
+    }
+    return CdcDeletes(keys, positions)
+
+
+def live_rows_digest(sources: list[Path], deletes: CdcDeletes) -> RowsDigest:
+    """The digest of the rows that must survive, computed from the generator's own knowledge."""
+    return batches_digest(_live_batches(sources, deletes))
+
+
+def _live_batches(sources: list[Path], deletes: CdcDeletes) -> Iterator[pa.RecordBatch]:
+    keys = pa.array(deletes.equality_keys)
+    for source in sources:
+        table = pq.read_table(source)
+        keep = np.ones(table.num_rows, dtype=bool)
+        if (positions := deletes.positions.get(source.name)) is not None:
+            keep[positions] = False
+        keep &= ~pc.is_in(table.column("id"), value_set=keys).to_numpy(zero_copy_only=False)
+        yield from table.filter(pa.array(keep)).to_batches()
+
+
+def commit_cdc_deletes(engine: Engine, table_name: str, deletes: CdcDeletes) -> None:
+    """Write and commit the equality deletes (one commit), then the position deletes (another)."""
+    table = engine.catalog.load_table(table_name)
+    chunks = np.array_split(deletes.equality_keys, EQUALITY_FILES)
+    equality = [
+        equality_delete_file(table, table.spec().spec_id, Record(), ["id"], [{"id": int(k)} for k in chunk])
+        for chunk in chunks
+    ]
+    commit_delete_files(table, equality)
+    live = {Path(f.path).name: f.data_file for f in live_files(table) if not f.is_delete}
+    position = [position_delete_file(table, live[name], pos.tolist()) for name, pos in deletes.positions.items()]
+    commit_delete_files(table, position)
+
+
+def pyarrow_anti_join(
+    sources: list[Path], deletes: CdcDeletes, out: Path, target_bytes: int, expected: RowsDigest, bytes_in: int
+) -> contenders.Result:
+    """The limit: one thread reading each file, dropping deleted rows, writing target-size files."""
+    positions = {name: pos.tolist() for name, pos in deletes.positions.items()}
+    seconds, rss = contenders.in_child(
+        _anti_join, [str(p) for p in sources], deletes.equality_keys, positions, str(out), target_bytes
+    )
+    written = sorted(out.glob("*.parquet"))
+    identical = batches_digest(ds.dataset(written).to_batches()) == expected
+    return contenders.Result(
+        "pyarrow 1 thread", seconds, bytes_in, len(sources), len(written), rss, "process", identical
+    )
+
+
+def _anti_join(sources: list[str], keys: np.ndarray, positions: dict[str, list[int]], out: str, target: int) -> None:
+    pa.set_cpu_count(1)
+    pa.set_io_thread_count(1)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    key_set = pa.array(keys)
+    sink, writer, index = None, None, 0
+    for source in sources:
+        table = pq.read_table(source, use_threads=False)
+        keep = np.ones(table.num_rows, dtype=bool)
+        if (deleted := positions.get(Path(source).name)) is not None:
+            keep[deleted] = False
+        keep &= ~pc.is_in(table.column("id"), value_set=key_set).to_numpy(zero_copy_only=False)
+        live = table.filter(pa.array(keep))
+        if writer is None:
+            sink = pa.OSFile(f"{out}/part-{index:05d}.parquet", "wb")
+            writer = pq.ParquetWriter(sink, live.schema, compression=CODEC)
+            index += 1
+        writer.write_table(live)
+        if sink.tell() >= target:
+            writer.close()
+            sink.close()
+            writer = None
+    if writer is not None:
+        writer.close()
+        sink.close()
+
+
+def compare_cdc(
+    engine: Engine, root: Path, log: Callable[[str], None], repeats: int, target: int
+) -> tuple[int, dict[str, list[contenders.Result]]]:
+    """Generate the cdc dataset once; time ours and the pyarrow anti-join on it `repeats` times.
+    Returns the source bytes and every contender's runs."""
+    folder = root / "data" / CDC.name
+    log(f"[cdc] writing {CDC.files} files x {CDC.rows_per_file} rows and the delete plan ...")
+    sources = datasets.write_files(folder / "source", CDC)
+    deletes = plan_deletes(CDC)
+    expected = live_rows_digest(sources, deletes)
+    bytes_in = sum(p.stat().st_size for p in sources)
+    timed: dict[str, list[contenders.Result]] = {}
+    for k in range(repeats):
+        name = f"bench.cdc_{k}"
+        datasets.iceberg_table(engine.catalog, name, sources, {})
+        commit_cdc_deletes(engine, name, deletes)
+        for result in (
+            _ours(engine, name, expected, bytes_in),
+            pyarrow_anti_join(sources, deletes, folder / f"pyarrow-{k}", target, expected, bytes_in),
+        ):
+            if not result.rows_identical:
+                raise RuntimeError(f"bench: {result.contender} kept other rows than the live ones of cdc")
+            timed.setdefault(result.contender, []).append(result)
+        log("[cdc] run " + f"{k + 1}/{repeats}: " + ", ".join(f"{c} {r[-1].seconds:.2f}s" for c, r in timed.items()))
+    return bytes_in, timed
+
+
+def _ours(engine: Engine, name: str, expected: RowsDigest, bytes_in: int) -> contenders.Result:
+    started = time.perf_counter()
+    outcomes = engine.compact(name)
+    seconds = time.perf_counter() - started
+    if not outcomes or any(o.status != "committed" for o in outcomes):
+        raise RuntimeError(f"bench: our compaction of {name} did not commit: {[o.reason for o in outcomes]}")
+    table = engine.catalog.load_table(name)
+    remaining = [f for f in live_files(table) if f.is_delete]
+    if remaining:
+        raise RuntimeError(f"bench: {len(remaining)} delete file(s) of {name} left after a full rewrite")
+    after = sum(not f.is_delete for f in live_files(table))
+    rss = max(o.peak_worker_rss for o in outcomes)
+    identical = rows_digest(table) == expected
+    return contenders.Result("ours", seconds, bytes_in, CDC.files, after, rss, "spark python worker", identical)
