@@ -21,8 +21,9 @@ picks, first match wins:
 3. `convert-equality-deletes` when at least `equality_delete_file_threshold` equality-delete files
    of the partition's own scope apply, and reading the key columns of the data files they apply to
    costs less than 1/4 of those files' bytes (what a rewrite would read);
-4. `rewrite-position-deletes` when at least `position_delete_file_threshold` small (<= the fragment
-   size) position-delete files of the partition's own scope apply;
+4. `rewrite-position-deletes` when at least `position_delete_file_threshold` small position-delete
+   files of the partition's own scope apply (small: undersized, < min_target_size_ratio x target, as
+   the min-file-size of Iceberg's rewrite_position_delete_files);
 5. nothing, with the reason.
 A tier plan (3, 4) has no groups: it carries the delete files to replace (`delete_paths`) and the
 data files they apply to (`covered_data_paths`). Global deletes (of an unpartitioned spec) apply to
@@ -415,7 +416,7 @@ def _plan_position_rewrite(
     deletes: DeleteMap,
 ) -> PartitionPlan | str:
     """rewrite-position-deletes, or why not ("" when no position delete applies)."""
-    small = [d for d in _own_scoped(files, deletes) if _is_position(d) and d.size <= policy.fragment_max_bytes]
+    small = [d for d in _own_scoped(files, deletes) if _is_position(d) and d.size < policy.undersized_below_bytes]
     if not small and not stats.position_delete_files:
         return ""
     if len(small) < policy.position_delete_file_threshold:
