@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from pyiceberg.manifest import DataFile, DataFileContent
+from pyiceberg.typedef import Record
 
 from compaction_assets.demo import append_fragments
 from compaction_assets.engine import _Work
@@ -17,7 +18,8 @@ from compaction_assets.execution.worker import RewriteJob
 from compaction_assets.lake.delete_files import commit_delete_files, equality_delete_file, position_delete_file
 from compaction_assets.lake.files import live_files
 from compaction_assets.planning.planner import Kind
-from tests.conftest import Lake, batch, create_fragmented, make_lake
+from tests.conftest import SCHEMA, Lake, batch, create_fragmented, make_lake
+from tests.foreign_deletes import commit_deletes, position_delete
 
 
 @pytest.fixture
@@ -162,3 +164,55 @@ def test_small_position_delete_files_are_combined_when_no_rewrite_is_due(lake):
         txn.set_properties({"compaction.position-delete-file-threshold": "6"})
     [plan] = lake.engine.plan("ns.t").partitions
     assert plan.kind is None and "fewer than position-delete-file-threshold=6" in plan.reason
+
+
+# Moved from test_rewrite_commit.py, where they asserted the old "left alone" rule.
+def test_a_global_delete_file_applies_to_every_partition_and_the_rewrite_lists_it(lake):
+    """A delete file of an unpartitioned spec applies to the data files of every partition."""
+    table = lake.catalog.create_table("ns.t", schema=SCHEMA)  # spec 0: unpartitioned
+    with table.update_spec() as update:
+        update.add_identity("region")  # spec 1
+    table = lake.table("ns.t")
+    append_fragments(table, [batch(i * 50, 50, "eu") for i in range(10)])
+    table = lake.table("ns.t")
+    commit_deletes(table, [position_delete(table, region_files(table, "eu")[0], [0], spec_id=0, partition=Record())])
+
+    plan = lake.engine.plan("ns.t")
+
+    [eu] = plan.to_compact
+    assert eu.partition_key == "region=eu" and eu.kind == Kind.MINOR
+    assert (eu.stats.position_delete_files, eu.stats.data_files_with_deletes) == (1, 10)  # no bounds: every file
+    job, _ = build_job(lake, "ns.t")
+    [group] = job.groups
+    assert len(group.deletes) == 1 and all(s.deletes == [0] for s in group.sources)
+
+
+def test_a_delete_file_of_another_spec_with_an_equal_partition_tuple_does_not_apply(lake):
+    """The spec's exact rule: same spec id and tuple (the commit's conflict check stays wider)."""
+    table = create_fragmented(lake, "ns.t", {"eu": 10})
+    with table.update_spec() as update:
+        update.rename_field("region", "reg")  # spec 1: same tuple, key "reg=eu"
+    table = lake.table("ns.t")
+    victim = sorted((f.data_file for f in live_files(table)), key=lambda f: f.file_path)[0]
+    commit_deletes(table, [position_delete(table, victim, [0], spec_id=1, partition=Record("eu"))])
+
+    plan = lake.engine.plan("ns.t")
+
+    assert plan.to_compact == []
+    [eu] = [p for p in plan.partitions if p.partition_key == "spec-0:region=eu"]  # files of the older spec
+    assert eu.stats.applying_delete_files == 0 and "older spec" in eu.reason and "deletes: none apply" in eu.reason
+
+
+def test_a_file_scoped_position_delete_is_applied_and_the_other_partitions_compact_as_before(lake):
+    table = create_fragmented(lake, "ns.t", {"eu": 10, "us": 10})
+    victim = region_files(table, "eu")[0]
+    commit_deletes(table, [position_delete(table, victim, [0], referenced=True)])
+
+    plan = lake.engine.plan("ns.t")
+
+    assert sorted(p.partition_key for p in plan.to_compact) == ["region=eu", "region=us"]
+    by_key = {p.partition_key: p for p in plan.partitions}
+    assert by_key["region=eu"].stats.data_files_with_deletes == 1
+    assert by_key["region=us"].stats.applying_delete_files == 0
+    job, _ = build_job(lake, "ns.t")
+    assert [s.path for g in job.groups for s in g.sources if s.deletes] == [victim.file_path]

@@ -219,7 +219,9 @@ def test_delete_file_threshold(deletes_on_first, properties, rewritten):
         assert f"1 file(s) with >= delete-file-threshold={policy.delete_file_threshold} delete files" in plan.reason
     else:
         assert plan.kind is None
-        assert "no delete trigger: at most 4 delete file(s) on a candidate file (delete-file-threshold=5)" in plan.reason
+        assert "no delete trigger: at most 4 delete file(s) on a candidate file (delete-file-threshold=5)" in (
+            plan.reason
+        )
 
 
 def test_table_properties_win_over_compaction_yaml_for_the_delete_keys():
