@@ -269,7 +269,7 @@ def test_delete_ratio_threshold_rewrites_every_file_a_delete_applies_to():
     below = plan_partition("p=1", [*old, newer, eq_delete("eq", records=900)], POLICY, current_spec_id=0)
     assert below.kind is None
     assert "deleted-row ratio 0.18 (delete-ratio-threshold=0.2)" in below.reason
-    assert "1 equality-delete file(s) of this partition's scope, fewer than equality-delete-file-threshold=3" in (
+    assert "1 equality-delete file(s) of this partition alone, fewer than equality-delete-file-threshold=3" in (
         below.reason
     )
 
@@ -298,7 +298,14 @@ def test_a_global_delete_applies_to_every_partition_and_is_never_a_tier_input():
     plans = {p.partition_key: p for p in plan_table([*a, *b, *globals_], POLICY, current_spec_id=0)}
     assert plans["p=a"].stats.equality_delete_files == plans["p=b"].stats.equality_delete_files == 3
     assert all(p.kind is None for p in plans.values())  # 3 >= equality threshold, but none of them scoped
-    assert "0 equality-delete file(s) of this partition's scope" in plans["p=a"].reason
+    assert "0 equality-delete file(s) of this partition alone" in plans["p=a"].reason
+
+
+def test_an_unpartitioned_tables_deletes_are_tier_inputs():
+    data = big(3, key="", column_sizes=((1, 10 * KB), (2, 690 * KB)))
+    deletes = [eq_delete(f"eq{i}", key="") for i in range(3)]
+    [plan] = plan_table([*data, *deletes], POLICY, current_spec_id=0)
+    assert plan.kind == Kind.CONVERT_EQUALITY_DELETES and plan.delete_paths == ("eq0", "eq1", "eq2")
 
 
 def test_convert_equality_deletes_when_reading_the_keys_is_far_cheaper_than_a_rewrite():

@@ -26,8 +26,9 @@ picks, first match wins:
    the min-file-size of Iceberg's rewrite_position_delete_files);
 5. nothing, with the reason.
 A tier plan (3, 4) has no groups: it carries the delete files to replace (`delete_paths`) and the
-data files they apply to (`covered_data_paths`). Global deletes (of an unpartitioned spec) apply to
-every partition, so no one partition's tier may replace them; only data rewrites apply them.
+data files they apply to (`covered_data_paths`). A tier replaces only delete files of the partition
+itself that apply to no other partition's data files: a global delete (of an unpartitioned spec)
+in a partitioned table applies across partitions, and only data rewrites apply it.
 A table the caller refuses (e.g. a format it cannot commit) plans nothing, with its reason.
 """
 
@@ -371,19 +372,19 @@ def _plan_equality_conversion(
 ) -> PartitionPlan | str:
     """convert-equality-deletes, or why not ("" when no equality delete applies)."""
     data = [f for f in files if not f.is_delete]
-    scoped = [d for d in _own_scoped(files, deletes) if not _is_position(d)]
-    if not scoped and not stats.equality_delete_files:
+    own = [d for d in _own(files, deletes) if not _is_position(d)]
+    if not own and not stats.equality_delete_files:
         return ""
-    if len(scoped) < policy.equality_delete_file_threshold:
+    if len(own) < policy.equality_delete_file_threshold:
         return (
-            f"{len(scoped)} equality-delete file(s) of this partition's scope, fewer than "
+            f"{len(own)} equality-delete file(s) of this partition alone, fewer than "
             f"equality-delete-file-threshold={policy.equality_delete_file_threshold}"
         )
-    covered = _covered(scoped, deletes)
+    covered = _covered(own, deletes)
     if busy := covered & set(in_flight):
         return f"equality deletes apply to {len(busy)} file(s) a running attempt holds: not converted now"
     keys_by_file: dict[str, set[int]] = {}
-    for d in scoped:
+    for d in own:
         for path in deletes.by_delete[d.path]:
             keys_by_file.setdefault(path, set()).update(d.data_file.equality_ids or ())
     by_path = {f.path: f for f in data}
@@ -391,21 +392,21 @@ def _plan_equality_conversion(
     rewrite = sum(by_path[p].size for p in covered)
     if read >= CONVERSION_MAX_COST_SHARE * rewrite:
         return (
-            f"converting {len(scoped)} equality-delete file(s) would read {read} B of key columns, "
+            f"converting {len(own)} equality-delete file(s) would read {read} B of key columns, "
             f"not < {CONVERSION_MAX_COST_SHARE:g} of the {rewrite} B a rewrite reads"
         )
     plan = PartitionPlan(
         stats,
         Kind.CONVERT_EQUALITY_DELETES,
         reason=(
-            f"{Kind.CONVERT_EQUALITY_DELETES}: {len(scoped)} equality-delete file(s) >= "
+            f"{Kind.CONVERT_EQUALITY_DELETES}: {len(own)} equality-delete file(s) >= "
             f"equality-delete-file-threshold={policy.equality_delete_file_threshold}, applying to {len(covered)} "
             f"file(s); reads {read} B of key columns, < {CONVERSION_MAX_COST_SHARE:g} of a rewrite's {rewrite} B"
         ),
-        delete_paths=tuple(d.path for d in scoped),
+        delete_paths=tuple(d.path for d in own),
         covered_data_paths=tuple(sorted(covered)),
     )
-    return _benefit(plan, len(scoped) - 1, read + sum(d.size for d in scoped), 0.0)
+    return _benefit(plan, len(own) - 1, read + sum(d.size for d in own), 0.0)
 
 
 def _plan_position_rewrite(
@@ -416,12 +417,12 @@ def _plan_position_rewrite(
     deletes: DeleteMap,
 ) -> PartitionPlan | str:
     """rewrite-position-deletes, or why not ("" when no position delete applies)."""
-    small = [d for d in _own_scoped(files, deletes) if _is_position(d) and d.size < policy.undersized_below_bytes]
+    small = [d for d in _own(files, deletes) if _is_position(d) and d.size < policy.undersized_below_bytes]
     if not small and not stats.position_delete_files:
         return ""
     if len(small) < policy.position_delete_file_threshold:
         return (
-            f"{len(small)} small position-delete file(s) of this partition's scope, fewer than "
+            f"{len(small)} small position-delete file(s) of this partition alone, fewer than "
             f"position-delete-file-threshold={policy.position_delete_file_threshold}"
         )
     covered = _covered(small, deletes)
@@ -451,13 +452,17 @@ def _benefit(plan: PartitionPlan, files_removed: int, bytes_read: int, reads_sav
     return replace(plan, benefit=per_mib + READS_SAVED_WEIGHT * max(reads_saved, 0.0))
 
 
-def _own_scoped(files: Sequence[FileStat], deletes: DeleteMap) -> list[FileStat]:
-    """The partition's own delete files (its spec and partition tuple, not global) that apply to
-    some data file, by path."""
-    return sorted(
-        (f for f in files if f.is_delete and len(f.data_file.partition) > 0 and deletes.by_delete.get(f.path)),
-        key=lambda f: f.path,
-    )
+def _own(files: Sequence[FileStat], deletes: DeleteMap) -> list[FileStat]:
+    """The partition's own delete files that apply to some of its data files and to no other
+    partition's (a tier may replace only those), by path."""
+    data = {f.path for f in files if not f.is_delete}
+    own = [f for f in files if f.is_delete and _applies_here_only(f, data, deletes)]
+    return sorted(own, key=lambda f: f.path)
+
+
+def _applies_here_only(delete: FileStat, data_paths: set[str], deletes: DeleteMap) -> bool:
+    covered = deletes.by_delete.get(delete.path)
+    return bool(covered) and covered <= data_paths
 
 
 def _covered(delete_files: Sequence[FileStat], deletes: DeleteMap) -> set[str]:
