@@ -147,11 +147,11 @@ def plan(ctx: click.Context, table: str, as_json: bool) -> None:
             what = f"nothing: {p.reason}"
         elif p.is_tier:
             what = (
-                f"{p.kind}: {len(p.delete_paths)} delete files over {len(p.covered_data_paths)} data files, "
-                f"benefit {p.benefit:.2f}: {p.reason}"
+                f"{len(p.delete_paths)} delete files over {len(p.covered_data_paths)} data files, "
+                f"benefit {p.benefit:.2f}; {p.reason}"
             )
         else:
-            what = f"{p.kind}: {p.input_files} files in {len(p.groups)} group(s), benefit {p.benefit:.2f}: {p.reason}"
+            what = f"{p.input_files} files in {len(p.groups)} group(s), benefit {p.benefit:.2f}; {p.reason}"
         click.echo(
             f"{p.partition_key or '(unpartitioned)':32} {s.data_files:>6} {s.data_bytes:>12} "
             f"{s.fragments:>5} {s.undersized:>5} {s.position_delete_files:>6} {s.equality_delete_files:>5} "

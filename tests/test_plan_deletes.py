@@ -5,13 +5,16 @@ from it are inspected (which deletes each source must have applied, by the spec'
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.typedef import Record
 
+from compaction_assets.cli import main
 from compaction_assets.demo import append_fragments
 from compaction_assets.engine import _Work
 from compaction_assets.execution.worker import RewriteJob
@@ -216,3 +219,25 @@ def test_a_file_scoped_position_delete_is_applied_and_the_other_partitions_compa
     assert by_key["region=us"].stats.applying_delete_files == 0
     job, _ = build_job(lake, "ns.t")
     assert [s.path for g in job.groups for s in g.sources if s.deletes] == [victim.file_path]
+
+
+def test_plan_command_prints_the_delete_load(lake):
+    table = create_fragmented(lake, "ns.t", {"eu": 10, "us": 3})
+    us = region_files(table, "us")
+    commit_delete_files(table, [equality_delete_file(table, 0, us[0].partition, ["id"], [{"id": 500}, {"id": 501}])])
+
+    shown = CliRunner().invoke(main, ["plan", "ns.t"], env={"COMPACTION_CONFIG": str(lake.config_path)})
+
+    assert shown.exit_code == 0, shown.output
+    header = next(line for line in shown.output.splitlines() if line.startswith("partition"))
+    assert header.split()[:11] == [
+        "partition", "files", "bytes", "frag", "under", "posdel", "eqdel", "deleted", "ratio", "amp", "plan",
+    ]  # fmt: skip
+    us_line = next(line for line in shown.output.splitlines() if line.startswith("region=us"))
+    assert us_line.split()[5:10] == ["0", "1", "2", "0.01", "1.03"]
+    assert "1 equality-delete file(s) apply to 3 of 3 data file(s)" in us_line
+    doc = json.loads(
+        CliRunner().invoke(main, ["plan", "ns.t", "--json"], env={"COMPACTION_CONFIG": str(lake.config_path)}).output
+    )
+    [us_doc] = [p for p in doc["partitions"] if p["partition"] == "region=us"]
+    assert (us_doc["stats"]["equality_delete_files"], us_doc["stats"]["deleted_rows"]) == (1, 2)

@@ -281,7 +281,7 @@ def test_delete_triggered_files_are_packed_with_the_fragments():
     plan = plan_partition("p=1", [*data, *frags, *deletes], POLICY, current_spec_id=0)
     assert plan.kind == Kind.MAJOR
     assert sorted(plan.source_paths) == sorted([data[0].path, *(f.path for f in frags)])
-    assert "rewritten with their deletes applied, with 2 fragment(s)" in plan.reason
+    assert "rewritten, packed with 2 fragment(s); 1 file(s) get their deletes applied" in plan.reason
 
 
 def test_sequence_numbers_decide_which_deletes_apply():

@@ -338,7 +338,7 @@ def _plan_rewrite(
         triggered = {f.path: f for f in [*by_count, *by_ratio]}
         extra = [f for f in fragments if f.path not in triggered]
         kind, chosen, capacity = Kind.MAJOR, [*triggered.values(), *extra], policy.max_group_bytes
-        why = f"{' and '.join(triggers)} rewritten with their deletes applied, with {len(extra)} fragment(s)"
+        why = f"{' and '.join(triggers)} rewritten" + (f", packed with {len(extra)} fragment(s)" if extra else "")
     elif len(fragments) >= policy.min_input_files:
         kind, chosen, capacity = Kind.MINOR, fragments, policy.target_file_size_bytes
         why = f"{len(fragments)} fragment(s) >= min_input_files={policy.min_input_files}"
