@@ -15,9 +15,10 @@ from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.typedef import Record
 
 from compaction_assets.cli import main
+from compaction_assets.commit.ledger import Status
 from compaction_assets.demo import append_fragments
 from compaction_assets.engine import _Work
-from compaction_assets.execution.worker import RewriteJob
+from compaction_assets.execution.worker import GroupOutcome, RewriteJob
 from compaction_assets.lake.delete_files import commit_delete_files, equality_delete_file, position_delete_file
 from compaction_assets.lake.files import live_files
 from compaction_assets.planning.planner import Kind
@@ -241,3 +242,29 @@ def test_plan_command_prints_the_delete_load(lake):
     )
     [us_doc] = [p for p in doc["partitions"] if p["partition"] == "region=us"]
     assert (us_doc["stats"]["equality_delete_files"], us_doc["stats"]["deleted_rows"]) == (1, 2)
+
+
+@pytest.mark.parametrize(
+    ("rows_read", "rows_deleted", "reason"),
+    [
+        pytest.param(299, 0, "row count mismatch: the sources hold 300 rows, read 299", id="a source read short"),
+        pytest.param(300, 3, "row count mismatch: read 300 rows, deletes removed 3, wrote 0", id="written != live"),
+    ],
+)
+def test_prepare_checks_rows_read_and_rows_written_against_the_deletes(lake, rows_read, rows_deleted, reason):
+    """The driver's check of what a worker reports (a stand-in GroupOutcome here; the worker's own
+    tests cover what it writes): the attempt fails and ends FAILED with the reason."""
+    table = create_fragmented(lake, "ns.t", {"eu": 6})
+    commit_delete_files(table, [position_delete_file(table, region_files(table, "eu")[0], [0, 1, 2])])
+    job, [item] = build_job(lake, "ns.t")
+    [group] = job.groups
+    assert sum(s.records for s in group.sources) == item.attempt.rows_in == 300
+
+    outcome = lake.engine._prepare(
+        lake.table("ns.t"), item, [GroupOutcome(0, [], None, rows_read, 0, rows_deleted=rows_deleted)]
+    )
+
+    assert (outcome.status, outcome.reason) == ("failed", reason)
+    assert (outcome.deletes_applied, outcome.rows_deleted, outcome.delete_files_removed) == (1, rows_deleted, 0)
+    [attempt] = lake.engine.ledger.attempts(table_name="ns.t")
+    assert (attempt.status, attempt.reason) == (Status.FAILED, reason)
