@@ -19,10 +19,10 @@ picks, first match wins:
 2. a data rewrite by file size (minor, else major as above); fragments with deletes get them
    applied;
 3. `convert-equality-deletes` when at least `equality_delete_file_threshold` equality-delete files
-   of the partition's own scope apply, and reading the key columns of the data files they apply to
+   of the partition alone (below) apply, and reading the key columns of the data files they apply to
    costs less than 1/4 of those files' bytes (what a rewrite would read);
 4. `rewrite-position-deletes` when at least `position_delete_file_threshold` small position-delete
-   files of the partition's own scope apply (small: undersized, < min_target_size_ratio x target, as
+   files of the partition alone apply (small: undersized, < min_target_size_ratio x target, as
    the min-file-size of Iceberg's rewrite_position_delete_files);
 5. nothing, with the reason.
 A tier plan (3, 4) has no groups: it carries the delete files to replace (`delete_paths`) and the
