@@ -118,6 +118,8 @@ def plan(ctx: click.Context, table: str, as_json: bool) -> None:
                     "benefit": round(p.benefit, 4),
                     "stats": asdict(p.stats),
                     "groups": [{"files": len(g.paths), "bytes": g.bytes} for g in p.groups],
+                    "delete_paths": list(p.delete_paths),
+                    "covered_data_paths": list(p.covered_data_paths),
                 }
                 for p in tplan.partitions
             ],
@@ -128,21 +130,32 @@ def plan(ctx: click.Context, table: str, as_json: bool) -> None:
     click.echo(
         f"{table} @ snapshot {tplan.snapshot_id}: target {policy.target_file_size_bytes} B, "
         f"fragment <= {policy.fragment_max_bytes} B, undersized < {policy.undersized_below_bytes} B, "
-        f"min_input_files {policy.min_input_files}"
+        f"min_input_files {policy.min_input_files}; delete triggers: >= {policy.delete_file_threshold} delete "
+        f"files on a file, deleted-row ratio >= {policy.delete_ratio_threshold}; tiers: >= "
+        f"{policy.equality_delete_file_threshold} equality-delete files, >= "
+        f"{policy.position_delete_file_threshold} small position-delete files"
     )
     if tplan.refused:
         click.echo(f"not compacted: {tplan.refused}")
-    click.echo(f"{'partition':32} {'files':>6} {'bytes':>12} {'frag':>5} {'under':>5}  plan")
+    click.echo(
+        f"{'partition':32} {'files':>6} {'bytes':>12} {'frag':>5} {'under':>5} {'posdel':>6} {'eqdel':>5} "
+        f"{'deleted':>9} {'ratio':>5} {'amp':>6}  plan"
+    )
     for p in tplan.partitions:
         s = p.stats
-        what = (
-            f"{p.kind}: {p.input_files} files in {len(p.groups)} group(s), benefit {p.benefit:.2f}"
-            if p.worth_compacting
-            else f"nothing: {p.reason}"
-        )
+        if not p.worth_compacting:
+            what = f"nothing: {p.reason}"
+        elif p.is_tier:
+            what = (
+                f"{len(p.delete_paths)} delete files over {len(p.covered_data_paths)} data files, "
+                f"benefit {p.benefit:.2f}; {p.reason}"
+            )
+        else:
+            what = f"{p.input_files} files in {len(p.groups)} group(s), benefit {p.benefit:.2f}; {p.reason}"
         click.echo(
             f"{p.partition_key or '(unpartitioned)':32} {s.data_files:>6} {s.data_bytes:>12} "
-            f"{s.fragments:>5} {s.undersized:>5}  {what}"
+            f"{s.fragments:>5} {s.undersized:>5} {s.position_delete_files:>6} {s.equality_delete_files:>5} "
+            f"{s.deleted_rows:>9} {s.delete_ratio:>5.2f} {s.read_amplification:>6.2f}  {what}"
         )
     click.echo(f"{len(tplan.to_compact)} of {len(tplan.partitions)} partition(s) to compact")
 

@@ -37,6 +37,11 @@ class PolicyConfig(_Strict):
     min_target_size_ratio: Annotated[float, Field(gt=0, le=1)] | None = None
     min_input_files: Annotated[int, Field(ge=2)] | None = None
     max_group_bytes: PositiveInt | None = None
+    # merge-on-read triggers (planning/planner.py); table properties compaction.<dashed-name> win
+    delete_file_threshold: PositiveInt | None = None
+    delete_ratio_threshold: Annotated[float, Field(gt=0, le=1)] | None = None
+    equality_delete_file_threshold: PositiveInt | None = None
+    position_delete_file_threshold: Annotated[int, Field(ge=2)] | None = None
 
 
 class CatalogConfig(_Strict):

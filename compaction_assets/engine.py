@@ -27,16 +27,15 @@ from compaction_assets.execution import polars_rewrite
 from compaction_assets.execution.packing import pack_tasks
 from compaction_assets.execution.rewrite import run_rewrite
 from compaction_assets.execution.spark import spark_session
-from compaction_assets.execution.worker import GroupOutcome, GroupSpec, RewriteJob, SourceFile
+from compaction_assets.execution.worker import DeleteSpec, GroupOutcome, GroupSpec, RewriteJob, SourceFile
 from compaction_assets.faults import crash_point
 from compaction_assets.gc_pause import gc_paused
 from compaction_assets.lake.catalog import load_table, open_catalog
 from compaction_assets.lake.datafile_codec import datafile_to_json, encode_partition
-from compaction_assets.lake.deletes import files_with_deletes
 from compaction_assets.lake.features import refusal
 from compaction_assets.lake.files import LiveFile, live_files
 from compaction_assets.maintenance.gc import GcPolicy, GcReport, collect_garbage
-from compaction_assets.planning.planner import Kind, PartitionPlan, plan_table
+from compaction_assets.planning.planner import DeleteMap, FileGroup, Kind, PartitionPlan, plan_table
 from compaction_assets.planning.policy import ENABLED_PROPERTY, Policy, resolve_policy
 
 log = logging.getLogger("compaction_assets")
@@ -51,6 +50,7 @@ class TablePlan:
     policy: Policy
     partitions: list[PartitionPlan]
     refused: str = ""  # why the whole table is not compacted (e.g. format-version 3), or ""
+    deletes: DeleteMap = field(default_factory=DeleteMap)  # which delete files apply to which data files
 
     @property
     def to_compact(self) -> list[PartitionPlan]:
@@ -76,7 +76,10 @@ class PartitionOutcome:
     files_rewritten: int = 0
     bytes_rewritten: int = 0
     files_written: int = 0
-    rows: int = 0
+    rows: int = 0  # rows of the rewritten files (deleted ones included)
+    deletes_applied: int = 0  # distinct delete files the rewrite applied
+    rows_deleted: int = 0  # rows the applied deletes removed (rows written = rows - rows_deleted)
+    delete_files_removed: int = 0  # delete files the commit removed (none apply any more)
     groups: int = 0
     seconds: float = 0.0
     peak_worker_rss: int = 0  # bytes, the largest of its groups' Spark Python workers
@@ -97,6 +100,7 @@ class _Work:
     plan: PartitionPlan
     attempt: Attempt
     groups: list[int] = field(default_factory=list)
+    deletes: set[str] = field(default_factory=set)  # paths of the delete files its groups apply
 
 
 class Engine:
@@ -140,7 +144,12 @@ class Engine:
         table = load_table(self.catalog, table_name)
         tplan, files = self._plan(table, table_name, partition)
         outcomes = [_skipped(table_name, p) for p in tplan.partitions if not p.worth_compacting]
-        todo = tplan.to_compact
+        outcomes += [
+            _skipped(table_name, p, f"tier {p.kind} planned; not executed by this build")
+            for p in tplan.to_compact
+            if p.is_tier
+        ]
+        todo = [p for p in tplan.to_compact if not p.is_tier]
         if not todo:
             return outcomes
         log.info(
@@ -205,12 +214,10 @@ class Engine:
     def _plan(self, table: Table, table_name: str, partition: str | None) -> tuple[TablePlan, dict[str, LiveFile]]:
         policy = self.policy(table, table_name)
         files = live_files(table)
-        with_deletes = files_with_deletes(
-            (f.data_file for f in files if not f.is_delete), (f.data_file for f in files if f.is_delete)
-        )
+        deletes = DeleteMap.of(files)
         in_flight = self.ledger.in_flight_sources(table_name)
         refused = refusal(table)
-        plans = plan_table(files, policy, table.spec().spec_id, in_flight, with_deletes, refused)
+        plans = plan_table(files, policy, table.spec().spec_id, in_flight, deletes, refused)
         if partition is not None:
             known = sorted(p.partition_key for p in plans)
             plans = [p for p in plans if p.partition_key == partition]
@@ -220,7 +227,7 @@ class Engine:
                     + (f"(known: {', '.join(known)})" if any(known) else "(it is unpartitioned)")
                 )
         snapshot = table.current_snapshot()
-        tplan = TablePlan(table_name, snapshot.snapshot_id if snapshot else None, policy, plans, refused)
+        tplan = TablePlan(table_name, snapshot.snapshot_id if snapshot else None, policy, plans, refused, deletes)
         return tplan, {f.path: f for f in files}
 
     def _begin(
@@ -273,8 +280,9 @@ class Engine:
             work.append(item)
             for group in plan.groups:
                 first = files[group.paths[0]].data_file
-                sources = [SourceFile(p, files[p].size, files[p].record_count) for p in group.paths]
+                sources, delete_specs = _sources(group, files, tplan.deletes)
                 item.groups.append(len(groups))
+                item.deletes.update(d.path for d in delete_specs)
                 groups.append(
                     GroupSpec(
                         sources=sources,
@@ -283,7 +291,10 @@ class Engine:
                         output_dir=out_dir,
                         file_prefix=attempt.attempt_id,
                         max_files=group.expected_outputs,
-                        polars=polars_rewrite.qualifies(table.metadata, table.io, sources, bool(sort_columns)),
+                        # the Polars path does not apply deletes
+                        polars=not delete_specs
+                        and polars_rewrite.qualifies(table.metadata, table.io, sources, bool(sort_columns)),
+                        deletes=delete_specs,
                     )
                 )
         sizes = [sum(s.size for s in g.sources) for g in groups]
@@ -313,16 +324,23 @@ class Engine:
             files_rewritten=plan.input_files,
             bytes_rewritten=plan.input_bytes,
             rows=attempt.rows_in,
+            deletes_applied=len(item.deletes),
+            rows_deleted=sum(r.rows_deleted for r in results),
             groups=len(plan.groups),
             peak_worker_rss=max((r.peak_rss for r in results), default=0),
             engine="+".join(sorted({r.engine for r in results}, reverse=True)),
         )
         written = [f for r in results for f in r.data_files]
         rows_out = sum(f.record_count for f in written)
+        rows_read = sum(r.rows_read for r in results)
         if errors := [r.error for r in results if r.error]:
             outcome.reason = errors[0]
-        elif rows_out != attempt.rows_in:
-            outcome.reason = f"row count mismatch: read {attempt.rows_in} rows, wrote {rows_out}"
+        elif rows_read != attempt.rows_in:
+            outcome.reason = f"row count mismatch: the sources hold {attempt.rows_in} rows, read {rows_read}"
+        elif rows_out != rows_read - outcome.rows_deleted:
+            outcome.reason = (
+                f"row count mismatch: read {rows_read} rows, deletes removed {outcome.rows_deleted}, wrote {rows_out}"
+            )
         if outcome.reason:
             outcome.reason = self._abandon(table, attempt, outcome.reason)
             return outcome
@@ -376,22 +394,51 @@ class Engine:
             else:
                 outcome.status = "committed"
                 outcome.reason = f"{item.plan.input_files} file(s) -> {outcome.files_written} file(s)"
+                if outcome.deletes_applied:
+                    outcome.reason += (
+                        f", {outcome.deletes_applied} delete file(s) applied ({outcome.rows_deleted} row(s) deleted)"
+                    )
                 outcome.snapshot_id = result.committed_snapshot_id
 
 
-def _skipped(table_name: str, plan: PartitionPlan) -> PartitionOutcome:
+def _skipped(table_name: str, plan: PartitionPlan, reason: str = "") -> PartitionOutcome:
     stats = plan.stats
     return PartitionOutcome(
         table_name=table_name,
         partition_key=plan.partition_key,
         status="skipped",
-        reason=plan.reason,
+        reason=reason or plan.reason,
+        kind=str(plan.kind) if plan.kind else None,
         files_before=stats.data_files,
         files_after=stats.data_files,
         bytes_before=stats.data_bytes,
         bytes_after=stats.data_bytes,
         rows=stats.records,
     )
+
+
+def _sources(
+    group: FileGroup, files: dict[str, LiveFile], deletes: DeleteMap
+) -> tuple[list[SourceFile], list[DeleteSpec]]:
+    """A group's sources and the distinct delete files applying to them (by path); each source
+    lists the indices of the ones that apply to it (the spec's rule, decided here for the worker)."""
+    applying = deletes.distinct(group.paths)
+    index = {d.path: i for i, d in enumerate(applying)}
+    specs = [
+        DeleteSpec(
+            path=d.path,
+            content=int(d.data_file.content),
+            size=d.size,
+            records=d.record_count,
+            equality_ids=list(d.data_file.equality_ids) if d.data_file.equality_ids else None,
+        )
+        for d in applying
+    ]
+    sources = [
+        SourceFile(p, files[p].size, files[p].record_count, [index[d.path] for d in deletes.for_data(p)])
+        for p in group.paths
+    ]
+    return sources, specs
 
 
 def _task_id(task_id: str | None, plan: PartitionPlan, partitions: int) -> str:

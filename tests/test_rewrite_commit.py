@@ -14,7 +14,6 @@ import pytest
 from pyiceberg.expressions import EqualTo
 from pyiceberg.manifest import DataFileContent, ManifestEntryStatus
 from pyiceberg.table.snapshots import Operation
-from pyiceberg.typedef import Record
 
 import compaction_assets.commit.two_phase as two_phase
 from compaction_assets.demo import append_fragments
@@ -143,49 +142,6 @@ def test_equality_delete_committed_after_the_base_still_applies_to_the_rewritten
     expected = sorted(i for i in all_ids if i not in doomed)
     assert spec_ids(table) == expected
     assert duckdb_ids(table) == expected
-
-
-def test_a_global_delete_file_keeps_the_files_it_can_apply_to_out_of_the_plan(lake):
-    """A delete file of an unpartitioned spec applies to every partition of the table."""
-    table = lake.catalog.create_table("ns.t", schema=SCHEMA)  # spec 0: unpartitioned
-    with table.update_spec() as update:
-        update.add_identity("region")  # spec 1
-    table = lake.table("ns.t")
-    append_fragments(table, [batch(i * 50, 50, "eu") for i in range(10)])
-    assert [p.partition_key for p in lake.engine.plan("ns.t").to_compact] == ["region=eu"]
-    table = lake.table("ns.t")
-    commit_deletes(table, [position_delete(table, region_files(table)[0], [0], spec_id=0, partition=Record())])
-
-    plan = lake.engine.plan("ns.t")
-
-    assert plan.to_compact == []
-    [eu] = [p for p in plan.partitions if p.partition_key == "region=eu"]
-    assert "delete files can apply to 10 file(s)" in eu.reason
-
-
-def test_a_delete_file_of_another_spec_with_an_equal_partition_tuple_keeps_the_files_out_too(lake):
-    """Wider than the spec's (spec id, tuple) rule on purpose: a superset can only leave more alone."""
-    table = create_fragmented(lake, "ns.t", {"eu": 10})
-    with table.update_spec() as update:
-        update.rename_field("region", "reg")  # spec 1: same tuple, key "reg=eu"
-    table = lake.table("ns.t")
-    victim = sorted((f.data_file for f in live_files(table)), key=lambda f: f.file_path)[0]
-    commit_deletes(table, [position_delete(table, victim, [0], spec_id=1, partition=Record("eu"))])
-
-    plan = lake.engine.plan("ns.t")
-
-    assert plan.to_compact == []
-    [eu] = [p for p in plan.partitions if p.partition_key == "spec-0:region=eu"]  # files of the older spec
-    assert "delete files can apply to 10 file(s)" in eu.reason
-
-
-def test_a_file_scoped_position_delete_leaves_other_partitions_compactable(lake):
-    table = create_fragmented(lake, "ns.t", {"eu": 10, "us": 10})
-    commit_deletes(table, [position_delete(table, region_files(table)[0], [0], referenced=True)])
-
-    plan = lake.engine.plan("ns.t")
-
-    assert [p.partition_key for p in plan.to_compact] == ["region=us"]
 
 
 @pytest.mark.parametrize("change", ["replace", "add"])

@@ -7,14 +7,12 @@ replaced). `DeleteIndex` is the widened, sequence-number-free rule for conflict 
 The Iceberg spec ("Scan Planning") applies a delete file to a data file of the same partition
 (spec id and partition tuple), or to every data file when the delete file's spec is unpartitioned
 (a global delete); a position delete file that references one data file applies to that file
-only. Sequence numbers then decide which of those deletes still delete rows; the callers decide
-that part (the planner keeps any file a live delete can apply to out of a rewrite; the commit looks
-only at deletes added after its base snapshot).
+only. `DeleteIndex` leaves sequence numbers to its caller (the commit looks only at deletes
+added after its base snapshot).
 
-The partition match is widened on purpose: a partition-scoped delete counts for every data file
+Its partition match is widened on purpose: a partition-scoped delete counts for every data file
 with an equal partition tuple, whatever the spec ids. That is a superset of the spec's rule, so it
-can only keep more files out of a rewrite or make more commits back off, never let a delete that
-applies go unseen.
+can only make more commits back off, never let a delete that applies go unseen.
 """
 
 from __future__ import annotations
@@ -91,14 +89,6 @@ class DeleteIndex:
             *self._by_partition.get(_tuple(data_file.partition), ()),
             *self._global,
         ]
-
-
-def files_with_deletes(data_files: Iterable[DataFile], delete_files: Iterable[DataFile]) -> set[str]:
-    """Paths of the data files that some of `delete_files` can apply to."""
-    index = DeleteIndex(delete_files)
-    if not index:
-        return set()
-    return {f.file_path for f in data_files if index.for_data_file(f)}
 
 
 class SequencedFile(Protocol):

@@ -4,28 +4,69 @@ Minor compaction bin-packs fragments (files <= target/fragment_ratio) into group
 target file. Packing counts each file's column data bytes (its manifest column sizes), not its
 size on disk: a tiny file is mostly footer, which merging removes. Major compaction rewrites
 every undersized file (< min_target_size_ratio x target) in groups of at most max_group_bytes,
-writing target-size files. A partition with a file that some delete file can apply to (any
-delete file of the table: same partition tuple, global, or referencing the file; decided by
-lake.deletes, the rule the commit validates with) or with only files of an older partition spec
-is left alone, with the reason; so is every partition of a table the caller refuses (e.g. a
-format it cannot commit), with its reason. Files are grouped by partition id (spec id, typed
-values), never by their rendered key.
+writing target-size files. Files are grouped by partition id (spec id, typed values), never by
+their rendered key. Only files of the current spec that no running attempt holds are rewritten.
+
+Merge-on-read. Which live delete files apply to which data file is the spec's exact rule
+(lake.deletes.ApplyingDeletes, in `DeleteMap`); a rewrite applies them (the worker does) and
+writes only live rows. Per partition the planner measures the delete load (`PartitionStats`) and
+picks, first match wins:
+1. a data rewrite (kind major) when a delete trigger fires: a candidate file with at least
+   `delete_file_threshold` applying delete files is rewritten; when the partition's deleted-row
+   ratio reaches `delete_ratio_threshold`, every candidate file with an applying delete is. They
+   are bin-packed with the partition's fragments into groups of at most max_group_bytes; a file
+   with deletes is a group of its own if nothing packs with it (it shrinks; its deletes go);
+2. a data rewrite by file size (minor, else major as above); fragments with deletes get them
+   applied;
+3. `convert-equality-deletes` when at least `equality_delete_file_threshold` equality-delete files
+   of the partition alone (below) apply, and reading the key columns of the data files they apply to
+   costs less than 1/4 of those files' bytes (what a rewrite would read);
+4. `rewrite-position-deletes` when at least `position_delete_file_threshold` small position-delete
+   files of the partition alone apply (small: undersized, < min_target_size_ratio x target, as
+   the min-file-size of Iceberg's rewrite_position_delete_files);
+5. nothing, with the reason.
+A tier plan (3, 4) has no groups: it carries the delete files to replace (`delete_paths`) and the
+data files they apply to (`covered_data_paths`). A tier replaces only delete files of the partition
+itself that apply to no other partition's data files: a global delete (of an unpartitioned spec)
+in a partitioned table applies across partitions, and only data rewrites apply it.
+A table the caller refuses (e.g. a format it cannot commit) plans nothing, with its reason.
+
+Benefit (plans are ranked by it; the sensor maps it onto run priority, planning/scheduling.py):
+files removed per MiB read (data files: inputs - expected outputs; delete files that will apply
+to nothing any more) + READS_SAVED_WEIGHT (10) x the drop in read amplification the plan brings.
+So a partition whose readers decode three rows per live row (half its rows deleted) outranks one
+whose rewrite merges a few 1 MiB files.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection, Hashable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Protocol
 
+from pyiceberg.manifest import DataFile, DataFileContent
+
+from compaction_assets.lake.deletes import ApplyingDeletes
 from compaction_assets.planning.policy import MiB, Policy
+
+# Benefit points for reads saved: a partition whose readers decode twice the rows they return
+# (read amplification 2.0, brought to 1.0) ranks like one whose rewrite removes 10 files per MiB.
+READS_SAVED_WEIGHT = 10.0
+CONVERSION_MAX_COST_SHARE = 0.25  # an equality-delete conversion must read < 1/4 of a rewrite's bytes
 
 
 class Kind(StrEnum):
     MINOR = "minor"
     MAJOR = "major"
+    CONVERT_EQUALITY_DELETES = "convert-equality-deletes"  # equality deletes -> position deletes, data untouched
+    REWRITE_POSITION_DELETES = "rewrite-position-deletes"  # small position-delete files -> one
+
+    @property
+    def is_tier(self) -> bool:
+        """A cheaper merge-on-read tier: delete files are replaced, data files are not rewritten."""
+        return self in (Kind.CONVERT_EQUALITY_DELETES, Kind.REWRITE_POSITION_DELETES)
 
 
 class FileStat(Protocol):
@@ -36,15 +77,66 @@ class FileStat(Protocol):
     @property
     def size(self) -> int: ...
     @property
+    def data_bytes(self) -> int: ...
+    @property
     def record_count(self) -> int: ...
     @property
     def spec_id(self) -> int: ...
     @property
     def is_delete(self) -> bool: ...
+    @property
+    def data_file(self) -> DataFile: ...  # content, partition, bounds, equality ids, column sizes
+    @property
+    def data_sequence_number(self) -> int: ...
 
     partition_id: Hashable  # files with equal ids are one partition
     partition_key: str  # its injective rendering
     added_at_ms: int
+
+
+@dataclass(frozen=True)
+class DeleteMap:
+    """Which live delete files apply to which live data files, by the spec's exact rule
+    (lake.deletes.ApplyingDeletes). Built once per plan; the engine fills the rewrite job from it."""
+
+    by_data: Mapping[str, tuple[FileStat, ...]] = field(default_factory=dict)  # data path -> deletes, by path
+    by_delete: Mapping[str, frozenset[str]] = field(default_factory=dict)  # delete path -> data paths
+
+    @classmethod
+    def of(cls, files: Iterable[FileStat]) -> DeleteMap:
+        files = list(files)
+        index = ApplyingDeletes(f for f in files if f.is_delete)
+        if not index:
+            return cls()
+        by_data: dict[str, tuple[FileStat, ...]] = {}
+        by_delete: dict[str, set[str]] = {}
+        for f in files:
+            if f.is_delete or not (deletes := index.for_data_file(f)):
+                continue
+            by_data[f.path] = tuple(sorted(deletes, key=lambda d: d.path))
+            for d in deletes:
+                by_delete.setdefault(d.path, set()).add(f.path)
+        return cls(by_data, {k: frozenset(v) for k, v in by_delete.items()})
+
+    def for_data(self, path: str) -> tuple[FileStat, ...]:
+        return self.by_data.get(path, ())
+
+    def distinct(self, data_paths: Iterable[str]) -> list[FileStat]:
+        """The delete files applying to any of `data_paths`, each once, by path."""
+        found = {d.path: d for p in data_paths for d in self.for_data(p)}
+        return [found[k] for k in sorted(found)]
+
+
+def read_amplification(records: int, delete_records: int) -> float:
+    """Rows a reader decodes per live row it returns: (records + delete_records) / max(live, 1).
+
+    `records`: the rows of the data files; `delete_records`: the rows of the delete files that
+    apply to them, each delete file read once; live = records - delete_records, i.e. each delete
+    row is taken to delete one row (an estimate: an equality-delete row can match none or many,
+    a position-delete row of another file none). 1.0 when no deletes apply."""
+    if not delete_records:
+        return 1.0
+    return (records + delete_records) / max(records - delete_records, 1)
 
 
 @dataclass(frozen=True)
@@ -55,13 +147,24 @@ class PartitionStats:
     records: int
     fragments: int
     undersized: int
-    delete_files: int
+    delete_files: int  # delete files of this partition id (applying or not, to any partition)
     last_write_ms: int
     spec_ids: tuple[int, ...]
+    # the delete load: distinct delete files applying to the partition's data files (global ones too)
+    position_delete_files: int = 0
+    equality_delete_files: int = 0
+    data_files_with_deletes: int = 0
+    deleted_rows: int = 0  # estimate: the record counts of the applying delete files
+    delete_ratio: float = 0.0  # deleted_rows / records, at most 1
+    read_amplification: float = 1.0  # see read_amplification()
 
     @property
     def avg_file_bytes(self) -> int:
         return self.data_bytes // self.data_files if self.data_files else 0
+
+    @property
+    def applying_delete_files(self) -> int:
+        return self.position_delete_files + self.equality_delete_files
 
 
 @dataclass(frozen=True)
@@ -77,11 +180,17 @@ class FileGroup:
 
 @dataclass(frozen=True)
 class PartitionPlan:
+    """What to do to one partition. A data rewrite (minor, major) has `groups`; a tier has
+    `delete_paths` (the delete files it replaces) and `covered_data_paths` (the data files they
+    apply to, which the tier reads but does not rewrite), and no groups."""
+
     stats: PartitionStats
     kind: Kind | None
     groups: tuple[FileGroup, ...] = ()
     reason: str = ""
-    benefit: float = 0.0  # files removed per MiB rewritten
+    benefit: float = 0.0  # see _benefit
+    delete_paths: tuple[str, ...] = ()
+    covered_data_paths: tuple[str, ...] = ()
 
     @property
     def partition_key(self) -> str:
@@ -89,7 +198,11 @@ class PartitionPlan:
 
     @property
     def worth_compacting(self) -> bool:
-        return bool(self.groups)
+        return bool(self.groups or self.delete_paths)
+
+    @property
+    def is_tier(self) -> bool:
+        return self.kind is not None and self.kind.is_tier
 
     @property
     def input_files(self) -> int:
@@ -111,18 +224,30 @@ class _Bin:
     used: int = 0  # data bytes
 
 
-def partition_stats(partition_key: str, files: Sequence[FileStat], policy: Policy) -> PartitionStats:
+def partition_stats(
+    partition_key: str, files: Sequence[FileStat], policy: Policy, deletes: DeleteMap | None = None
+) -> PartitionStats:
+    deletes = deletes or DeleteMap()
     data = [f for f in files if not f.is_delete]
+    records = sum(f.record_count for f in data)
+    applying = deletes.distinct(f.path for f in data)
+    deleted = sum(d.record_count for d in applying)
     return PartitionStats(
         partition_key=partition_key,
         data_files=len(data),
         data_bytes=sum(f.size for f in data),
-        records=sum(f.record_count for f in data),
+        records=records,
         fragments=sum(f.size <= policy.fragment_max_bytes for f in data),
         undersized=sum(f.size < policy.undersized_below_bytes for f in data),
         delete_files=len(files) - len(data),
         last_write_ms=max((f.added_at_ms for f in files), default=0),
         spec_ids=tuple(sorted({f.spec_id for f in data})),
+        position_delete_files=sum(_is_position(d) for d in applying),
+        equality_delete_files=sum(not _is_position(d) for d in applying),
+        data_files_with_deletes=sum(bool(deletes.for_data(f.path)) for f in data),
+        deleted_rows=deleted,
+        delete_ratio=min(1.0, deleted / records) if records else 0.0,
+        read_amplification=read_amplification(records, deleted),
     )
 
 
@@ -132,41 +257,31 @@ def plan_partition(
     policy: Policy,
     current_spec_id: int,
     in_flight: Collection[str] = (),
-    with_deletes: Collection[str] = (),
+    deletes: DeleteMap | None = None,
     refused: str = "",
 ) -> PartitionPlan:
-    """Decide minor, major or nothing for one partition, and group its files. `with_deletes`:
-    paths of the data files a delete file can apply to (rewriting them would bring deleted rows
-    back, or make a delete older than the result stop applying). A non-empty `refused` is why the
-    table is not compacted at all: the plan is nothing, with that reason."""
-    stats = partition_stats(partition_key, files, policy)
+    """Decide a data rewrite, a cheaper tier or nothing for one partition (see the module doc).
+
+    `deletes`: which delete files apply to which data files, for the whole table (global deletes
+    live in another partition); None: computed from `files` alone. A non-empty `refused` is why
+    the table is not compacted at all: the plan is nothing, with that reason."""
+    deletes = deletes if deletes is not None else DeleteMap.of(files)
+    stats = partition_stats(partition_key, files, policy, deletes)
     if refused:
         return PartitionPlan(stats, None, reason=refused)
+    load = _load_text(stats)
     if not policy.enabled:
-        return PartitionPlan(stats, None, reason="compaction is paused for this table (compaction.enabled=false)")
-    if deleted := sum(not f.is_delete and f.path in with_deletes for f in files):
-        return PartitionPlan(
-            stats, None, reason=f"delete files can apply to {deleted} file(s): left alone (deletes are not rewritten)"
-        )
-    candidates = [f for f in files if f.spec_id == current_spec_id and f.path not in in_flight]
-    fragments = [f for f in candidates if f.size <= policy.fragment_max_bytes]
-    undersized = [f for f in candidates if f.size < policy.undersized_below_bytes]
-    if len(fragments) >= policy.min_input_files:
-        kind, chosen, capacity = Kind.MINOR, fragments, policy.target_file_size_bytes
-    elif len(undersized) >= policy.min_input_files:
-        kind, chosen, capacity = Kind.MAJOR, undersized, policy.max_group_bytes
-    else:
-        return PartitionPlan(
-            stats, None, reason=_nothing_reason(stats, files, candidates, fragments, undersized, policy)
-        )
-    groups = tuple(_to_group(b, policy) for b in _bin_pack(chosen, capacity) if len(b.files) >= 2)
-    if not groups:
-        return PartitionPlan(stats, None, reason=f"{kind} candidates do not pack into any group of 2+ files")
-    removed = sum(len(g.paths) - g.expected_outputs for g in groups)
-    rewritten_mib = max(sum(g.bytes for g in groups), 1) / MiB
-    return PartitionPlan(
-        stats, kind, groups, reason=f"{kind}: {len(chosen)} candidate file(s)", benefit=removed / rewritten_mib
-    )
+        paused = "compaction is paused for this table (compaction.enabled=false)"
+        return PartitionPlan(stats, None, reason=f"{paused}; {load}")
+    rewrite = _plan_rewrite(stats, files, policy, current_spec_id, in_flight, deletes)
+    if isinstance(rewrite, PartitionPlan):
+        return replace(rewrite, reason=f"{rewrite.reason}; {load}")
+    for tier in (_plan_equality_conversion, _plan_position_rewrite):
+        plan = tier(stats, files, policy, in_flight, deletes)
+        if isinstance(plan, PartitionPlan):
+            return replace(plan, reason=f"{plan.reason}; {load}")
+        rewrite = f"{rewrite}; {plan}" if plan else rewrite
+    return PartitionPlan(stats, None, reason=f"{rewrite}; {load}")
 
 
 def plan_table(
@@ -174,15 +289,18 @@ def plan_table(
     policy: Policy,
     current_spec_id: int,
     in_flight: Collection[str] = (),
-    with_deletes: Collection[str] = (),
+    deletes: DeleteMap | None = None,
     refused: str = "",
 ) -> list[PartitionPlan]:
     """Plan every partition (files grouped by partition id); best benefit first, then partition key.
+    `deletes`: DeleteMap.of(files) when None (the engine passes the one it also builds jobs from).
 
     Raises:
         ValueError: two partitions share a key (keys must be injective: the CLI, the ledger and
             Dagster address partitions by key).
     """
+    files = list(files)
+    deletes = deletes if deletes is not None else DeleteMap.of(files)
     by_partition: dict[Hashable, list[FileStat]] = {}
     for f in files:
         by_partition.setdefault(f.partition_id, []).append(f)
@@ -190,10 +308,194 @@ def plan_table(
     if clashes := sorted(k for k, n in keys.items() if n > 1):
         raise ValueError(f"partition key {clashes[0]!r} names {keys[clashes[0]]} different partitions")
     plans = [
-        plan_partition(v[0].partition_key, v, policy, current_spec_id, in_flight, with_deletes, refused)
+        plan_partition(v[0].partition_key, v, policy, current_spec_id, in_flight, deletes, refused)
         for v in by_partition.values()
     ]
     return sorted(plans, key=lambda p: (-p.benefit, p.partition_key))
+
+
+def _plan_rewrite(
+    stats: PartitionStats,
+    files: Sequence[FileStat],
+    policy: Policy,
+    current_spec_id: int,
+    in_flight: Collection[str],
+    deletes: DeleteMap,
+) -> PartitionPlan | str:
+    """A data rewrite (delete triggers first, then file size), or why there is none."""
+    data = [f for f in files if not f.is_delete]
+    candidates = [f for f in data if f.spec_id == current_spec_id and f.path not in in_flight]
+    fragments = [f for f in candidates if f.size <= policy.fragment_max_bytes]
+    undersized = [f for f in candidates if f.size < policy.undersized_below_bytes]
+    with_deletes = [f for f in candidates if deletes.for_data(f.path)]
+    by_count = [f for f in with_deletes if len(deletes.for_data(f.path)) >= policy.delete_file_threshold]
+    by_ratio = with_deletes if stats.delete_ratio >= policy.delete_ratio_threshold else []
+    triggers = []
+    if by_count:
+        triggers.append(
+            f"{len(by_count)} file(s) with >= delete-file-threshold={policy.delete_file_threshold} delete files"
+        )
+    if by_ratio:
+        triggers.append(
+            f"deleted-row ratio {stats.delete_ratio:.2f} >= delete-ratio-threshold={policy.delete_ratio_threshold}: "
+            f"its {len(by_ratio)} file(s) with deletes"
+        )
+    if triggers:
+        triggered = {f.path: f for f in [*by_count, *by_ratio]}
+        extra = [f for f in fragments if f.path not in triggered]
+        kind, chosen, capacity = Kind.MAJOR, [*triggered.values(), *extra], policy.max_group_bytes
+        why = f"{' and '.join(triggers)} rewritten" + (f", packed with {len(extra)} fragment(s)" if extra else "")
+    elif len(fragments) >= policy.min_input_files:
+        kind, chosen, capacity = Kind.MINOR, fragments, policy.target_file_size_bytes
+        why = f"{len(fragments)} fragment(s) >= min_input_files={policy.min_input_files}"
+    elif len(undersized) >= policy.min_input_files:
+        kind, chosen, capacity = Kind.MAJOR, undersized, policy.max_group_bytes
+        why = f"{len(undersized)} undersized file(s) >= min_input_files={policy.min_input_files}"
+    else:
+        return _nothing_reason(stats, data, candidates, fragments, undersized, with_deletes, deletes, policy)
+    # a group of one is worth it only when the file sheds deletes
+    bins = [b for b in _bin_pack(chosen, capacity) if len(b.files) >= 2 or deletes.for_data(b.files[0].path)]
+    if not bins:
+        return f"{kind} candidates do not pack into any group of 2+ files or a file with deletes"
+    groups = tuple(_to_group(b, policy) for b in bins)
+    if applied := sum(bool(deletes.for_data(p)) for g in groups for p in g.paths):
+        why += f"; {applied} file(s) get their deletes applied"
+    plan = PartitionPlan(stats, kind, groups, reason=f"{kind}: {why}")
+    rewritten = {p for g in groups for p in g.paths}
+    removed = [d for d in deletes.distinct(rewritten) if deletes.by_delete[d.path] <= rewritten]
+    removed_rows = sum(d.record_count for d in removed)
+    after = read_amplification(stats.records - removed_rows, stats.deleted_rows - removed_rows)
+    files_removed = sum(len(g.paths) - g.expected_outputs for g in groups) + len(removed)
+    return _benefit(plan, files_removed, sum(g.bytes for g in groups), stats.read_amplification - after)
+
+
+def _plan_equality_conversion(
+    stats: PartitionStats,
+    files: Sequence[FileStat],
+    policy: Policy,
+    in_flight: Collection[str],
+    deletes: DeleteMap,
+) -> PartitionPlan | str:
+    """convert-equality-deletes, or why not ("" when no equality delete applies)."""
+    data = [f for f in files if not f.is_delete]
+    own = [d for d in _own(files, deletes) if not _is_position(d)]
+    if not own and not stats.equality_delete_files:
+        return ""
+    if len(own) < policy.equality_delete_file_threshold:
+        return (
+            f"{len(own)} equality-delete file(s) of this partition alone, fewer than "
+            f"equality-delete-file-threshold={policy.equality_delete_file_threshold}"
+        )
+    covered = _covered(own, deletes)
+    if busy := covered & set(in_flight):
+        return f"equality deletes apply to {len(busy)} file(s) a running attempt holds: not converted now"
+    keys_by_file: dict[str, set[int]] = {}
+    for d in own:
+        for path in deletes.by_delete[d.path]:
+            keys_by_file.setdefault(path, set()).update(d.data_file.equality_ids or ())
+    by_path = {f.path: f for f in data}
+    read = sum(_key_bytes(by_path[p], keys_by_file[p]) for p in covered)
+    rewrite = sum(by_path[p].size for p in covered)
+    if read >= CONVERSION_MAX_COST_SHARE * rewrite:
+        return (
+            f"converting {len(own)} equality-delete file(s) would read {read} B of key columns, "
+            f"not < {CONVERSION_MAX_COST_SHARE:g} of the {rewrite} B a rewrite reads"
+        )
+    plan = PartitionPlan(
+        stats,
+        Kind.CONVERT_EQUALITY_DELETES,
+        reason=(
+            f"{Kind.CONVERT_EQUALITY_DELETES}: {len(own)} equality-delete file(s) >= "
+            f"equality-delete-file-threshold={policy.equality_delete_file_threshold}, applying to {len(covered)} "
+            f"file(s); reads {read} B of key columns, < {CONVERSION_MAX_COST_SHARE:g} of a rewrite's {rewrite} B"
+        ),
+        delete_paths=tuple(d.path for d in own),
+        covered_data_paths=tuple(sorted(covered)),
+    )
+    return _benefit(plan, len(own) - 1, read + sum(d.size for d in own), 0.0)
+
+
+def _plan_position_rewrite(
+    stats: PartitionStats,
+    files: Sequence[FileStat],
+    policy: Policy,
+    in_flight: Collection[str],
+    deletes: DeleteMap,
+) -> PartitionPlan | str:
+    """rewrite-position-deletes, or why not ("" when no position delete applies)."""
+    small = [d for d in _own(files, deletes) if _is_position(d) and d.size < policy.undersized_below_bytes]
+    if not small and not stats.position_delete_files:
+        return ""
+    if len(small) < policy.position_delete_file_threshold:
+        return (
+            f"{len(small)} small position-delete file(s) of this partition alone, fewer than "
+            f"position-delete-file-threshold={policy.position_delete_file_threshold}"
+        )
+    covered = _covered(small, deletes)
+    if busy := covered & set(in_flight):
+        return f"position deletes apply to {len(busy)} file(s) a running attempt holds: not rewritten now"
+    plan = PartitionPlan(
+        stats,
+        Kind.REWRITE_POSITION_DELETES,
+        reason=(
+            f"{Kind.REWRITE_POSITION_DELETES}: {len(small)} small position-delete file(s) >= "
+            f"position-delete-file-threshold={policy.position_delete_file_threshold}, applying to "
+            f"{len(covered)} file(s): combined into one"
+        ),
+        delete_paths=tuple(d.path for d in small),
+        covered_data_paths=tuple(sorted(covered)),
+    )
+    return _benefit(plan, len(small) - 1, sum(d.size for d in small), 0.0)
+
+
+def _benefit(plan: PartitionPlan, files_removed: int, bytes_read: int, reads_saved: float) -> PartitionPlan:
+    """benefit = files removed per MiB read + READS_SAVED_WEIGHT x reads saved, where files removed
+    counts data files (inputs - expected outputs) and delete files that will apply to nothing
+    any more, and reads saved is the drop in read amplification (rows decoded per live row) the
+    plan brings, estimated as if each delete row deleted one row. Tiers save no reads by this
+    measure (they remove delete files, not deleted rows)."""
+    per_mib = max(files_removed, 0) / (max(bytes_read, 1) / MiB)
+    return replace(plan, benefit=per_mib + READS_SAVED_WEIGHT * max(reads_saved, 0.0))
+
+
+def _own(files: Sequence[FileStat], deletes: DeleteMap) -> list[FileStat]:
+    """The partition's own delete files that apply to some of its data files and to no other
+    partition's (a tier may replace only those), by path."""
+    data = {f.path for f in files if not f.is_delete}
+    own = [f for f in files if f.is_delete and _applies_here_only(f, data, deletes)]
+    return sorted(own, key=lambda f: f.path)
+
+
+def _applies_here_only(delete: FileStat, data_paths: set[str], deletes: DeleteMap) -> bool:
+    covered = deletes.by_delete.get(delete.path)
+    return bool(covered) and covered <= data_paths
+
+
+def _covered(delete_files: Sequence[FileStat], deletes: DeleteMap) -> set[str]:
+    return {p for d in delete_files for p in deletes.by_delete[d.path]}
+
+
+def _key_bytes(data: FileStat, field_ids: set[int]) -> int:
+    """Bytes of the key columns in a data file (manifest column sizes), else its size."""
+    sizes = data.data_file.column_sizes or {}
+    if not field_ids or any(i not in sizes for i in field_ids):
+        return data.size
+    return sum(sizes[i] for i in field_ids)
+
+
+def _is_position(delete: FileStat) -> bool:
+    return delete.data_file.content == DataFileContent.POSITION_DELETES
+
+
+def _load_text(stats: PartitionStats) -> str:
+    if not stats.applying_delete_files:
+        return "deletes: none apply"
+    return (
+        f"deletes: {stats.position_delete_files} position-delete and {stats.equality_delete_files} "
+        f"equality-delete file(s) apply to {stats.data_files_with_deletes} of {stats.data_files} data file(s), "
+        f"~{stats.deleted_rows} row(s) deleted (estimated from their record counts), deleted-row ratio "
+        f"{stats.delete_ratio:.2f}, read amplification {stats.read_amplification:.2f}"
+    )
 
 
 def _bin_pack(files: Sequence[FileStat], capacity: int) -> list[_Bin]:
@@ -219,12 +521,31 @@ def _to_group(b: _Bin, policy: Policy) -> FileGroup:
     )
 
 
-def _nothing_reason(stats, files, candidates, fragments, undersized, policy: Policy) -> str:
+def _nothing_reason(
+    stats: PartitionStats,
+    data: Sequence[FileStat],
+    candidates: Sequence[FileStat],
+    fragments: Sequence[FileStat],
+    undersized: Sequence[FileStat],
+    with_deletes: Sequence[FileStat],
+    deletes: DeleteMap,
+    policy: Policy,
+) -> str:
     if not stats.data_files:
         return "no data files"
-    skipped = len(files) - len(candidates)
+    skipped = len(data) - len(candidates)
     note = f" ({skipped} file(s) of an older spec or in flight not counted)" if skipped else ""
-    return (
+    reason = (
         f"{len(fragments)} fragment(s) and {len(undersized)} undersized file(s), "
         f"fewer than min_input_files={policy.min_input_files}{note}"
     )
+    if stats.applying_delete_files:
+        most = max((len(deletes.for_data(f.path)) for f in with_deletes), default=0)
+        reason += (
+            f"; no delete trigger: at most {most} delete file(s) on a candidate file "
+            f"(delete-file-threshold={policy.delete_file_threshold}), deleted-row ratio {stats.delete_ratio:.2f} "
+            f"(delete-ratio-threshold={policy.delete_ratio_threshold})"
+        )
+        if len(with_deletes) < stats.data_files_with_deletes:
+            reason += f"; {stats.data_files_with_deletes - len(with_deletes)} file(s) with deletes not candidates"
+    return reason

@@ -22,6 +22,15 @@ class Policy:
     min_input_files: int = 5
     max_group_bytes: int = 10 * 1024 * MiB
     enabled: bool = True
+    # merge-on-read (planning/planner.py): a data file with at least this many delete files
+    # applying is rewritten (Iceberg's rewrite_data_files delete-file-threshold)
+    delete_file_threshold: int = 5
+    # a partition whose deleted-row ratio reaches this has its files with deletes rewritten
+    delete_ratio_threshold: float = 0.2
+    # cheaper tiers: this many partition-scoped equality-delete files make a conversion to
+    # position deletes worth it; this many small position-delete files, combining them
+    equality_delete_file_threshold: int = 3
+    position_delete_file_threshold: int = 5
 
     @property
     def fragment_max_bytes(self) -> int:
@@ -48,6 +57,10 @@ TABLE_PROPERTIES = {
     "compaction.min-input-files": ("min_input_files", int),
     "compaction.max-group-bytes": ("max_group_bytes", int),
     ENABLED_PROPERTY: ("enabled", _parse_bool),
+    "compaction.delete-file-threshold": ("delete_file_threshold", int),
+    "compaction.delete-ratio-threshold": ("delete_ratio_threshold", float),
+    "compaction.equality-delete-file-threshold": ("equality_delete_file_threshold", int),
+    "compaction.position-delete-file-threshold": ("position_delete_file_threshold", int),
 }
 
 
@@ -77,6 +90,10 @@ def _validate(table_name: str, policy: Policy) -> None:
     ]
     if not 0 < policy.min_target_size_ratio <= 1:
         problems.append("min_target_size_ratio must be in (0, 1]")
+    if not 0 < policy.delete_ratio_threshold <= 1:
+        problems.append("delete_ratio_threshold must be in (0, 1]")
+    if policy.position_delete_file_threshold < 2:
+        problems.append("position_delete_file_threshold must be at least 2")
     if policy.min_input_files < 2:
         problems.append("min_input_files must be at least 2")
     if policy.max_group_bytes < policy.target_file_size_bytes:
