@@ -23,6 +23,7 @@ from pyiceberg.typedef import Record
 from pyiceberg.types import IntegerType, LongType, NestedField, StringType
 
 from compaction_assets.errors import InputFileError
+from compaction_assets.execution import delete_tiers
 from compaction_assets.execution.delete_tiers import (
     Tier,
     TierJob,
@@ -189,6 +190,31 @@ def test_convert_equality_deletes_null_safe_multi_column_and_by_sequence_number(
     survivors = Counter(r["id"] for r in spec_rows(table))
     assert not (expected_eu - {3}) & set(survivors)
     assert survivors[3] == 1 and {3000, 3001, 3002, 5, 10} <= set(survivors)  # E's rows; k NULL, s not "a"
+
+
+def test_convert_across_row_groups_chunks_and_key_sets(table, monkeypatch):
+    """Positions count across a file's batches; chunks of data keys end at file boundaries; a row
+    two key sets delete is listed once."""
+    monkeypatch.setattr(delete_tiers, "CHUNK_ROWS", 25)
+    with table.transaction() as txn:
+        txn.set_properties({"write.parquet.row-group-limit": "8"})
+    for start in (0, 30, 60):
+        append(table, rows_of(range(start, start + 30), "eu"))
+    [first] = [f for f in live(table) if f.path == data_file_of(table, 0).path]
+    assert pq.ParquetFile(first.path.removeprefix("file://")).metadata.num_row_groups > 1
+    eu = first.data_file
+    commit_delete_files(
+        table,
+        [
+            equality_delete_file(table, eu.spec_id, eu.partition, ["k", "s"], [{"k": 1, "s": "b"}]),
+            equality_delete_file(table, eu.spec_id, eu.partition, ["k"], [{"k": 1}]),
+            equality_delete_file(table, eu.spec_id, eu.partition, ["id"], [{"id": 29}, {"id": 30}, {"id": 89}]),
+        ],
+    )
+    before = multiset(spec_rows(table))
+    [outcome] = convert_all(table)
+    assert outcome.rows_written == len({i for i in range(90) if i % 4 == 1} | {29, 30, 89})
+    assert multiset(spec_rows(table)) == before == multiset(duckdb_rows(table))
 
 
 def test_converted_file_is_sorted_and_bounds_name_its_data_files(table):
@@ -431,10 +457,11 @@ STEP = st.one_of(
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(eu=ROWS, us=ROWS, steps=st.lists(STEP, min_size=1, max_size=8))
-def test_property_converted_and_rewritten_tables_read_identically(tmp_path_factory, eu, us, steps):
+def test_property_converted_and_rewritten_tables_read_identically(tmp_path_factory, monkeypatch, eu, us, steps):
     """Random histories of appends, equality deletes (one or two columns, NULLs) and position
     deletes: after converting every equality delete, then rewriting every position delete, the
     table reads the same in the spec reader, and DuckDB agrees once no equality delete is left."""
+    monkeypatch.setattr(delete_tiers, "CHUNK_ROWS", 10)  # several chunks per partition
     catalog, table = make_table(tmp_path_factory.mktemp("prop"))
     try:
         next_id = 0

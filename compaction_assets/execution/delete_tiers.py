@@ -5,11 +5,17 @@
   are read, projected onto the current schema by Iceberg field id with pyiceberg's ArrowScan (as
   source_reader does: renamed columns keep their values, promoted types are cast, a column a file
   lacks reads NULL). A delete applies to a data file when the file's data sequence number is lower
-  than the delete's; values match with SQL null-safe equality (NULL matches NULL).
+  than the delete's; values match with SQL null-safe equality (NULL matches NULL; as in Java,
+  NaN matches NaN and -0.0 does not match 0.0). A row a position delete already removes may be
+  listed again: harmless, and the next rewrite of the position deletes drops the duplicate.
 - **rewrite-position-deletes** (Iceberg's rewrite_position_delete_files): a partition's
   position-delete files become one (or a few, at the target size) holding each (file_path, pos)
   that still applies: its data file is live and no newer than the delete file that named it.
   Duplicates collapse; entries for dead data files are dropped.
+
+Each job writes one position-delete file per partition (a few when it passes the target size),
+sorted by file_path then pos, with exact file_path bounds: a file naming one data file references
+it (equal bounds, as Java's writer records them).
 
 Both are pure functions of table metadata, a FileIO and file lists, so they run in a Spark Python
 worker (`run_tier_batches`, a mapInArrow entry point like worker.rewrite_partition_batches) or
@@ -62,6 +68,8 @@ _NO_SPEC = -1  # an equality-delete file is read without partition values: it ho
 
 
 class Tier(StrEnum):
+    """The kinds the planner records for these tiers (beside minor and major)."""
+
     CONVERT_EQUALITY_DELETES = "convert-equality-deletes"
     REWRITE_POSITION_DELETES = "rewrite-position-deletes"
 
@@ -101,7 +109,8 @@ class TierJob:
     ) -> TierJob:
         """Convert `equality_deletes` for the `data_files` of one partition (the caller's scope:
         the partition's and any unpartitioned-spec deletes); only data files one of them applies to
-        (by sequence numbers) are kept, and the job reports exactly those as covered."""
+        (by sequence numbers) are kept, and the job reports exactly those as covered. A delete of
+        an unpartitioned spec applies to every partition: it may go only once all are converted."""
         applying = [d for d in data_files if any(applies(e, d) for e in equality_deletes)]
         spec_id, partition = _one_partition(applying or data_files)
         return TierJob(
@@ -171,6 +180,8 @@ class TierRun:
 
 @dataclass
 class TierOutcome:
+    """What one job did; `error` set (and nothing written) when it failed."""
+
     job: int
     tier: str
     delete_files: list[DataFile]  # position-delete files written (content POSITION_DELETES)

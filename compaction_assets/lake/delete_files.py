@@ -1,6 +1,8 @@
 """Write real position- and equality-delete files, and commit them the way another engine (Spark,
-Flink) would. The cheaper merge-on-read tiers write position deletes with these; the demo's CDC
-table and the tests use them as "another engine".
+Flink) would. The cheaper merge-on-read tiers (execution/delete_tiers.py) write their position
+deletes with `PositionDeleteWriter` (any number of data files, rolling at a target size, from a
+Spark worker's FileIO); the demo's CDC table and the tests use the table-level helpers as
+"another engine".
 
 pyiceberg 0.12 reads position deletes but cannot write delete files, and has no public API to
 commit them: a `_FastAppendFiles` producer (a private name of pyiceberg 0.12) is taught to write
