@@ -206,8 +206,10 @@ def convert_equality_deletes(
     by_ids: dict[tuple[int, ...], list[TierFile]] = {}
     for delete in job.deletes:
         ids = tuple(sorted(delete.equality_ids or ()))
-        if not ids or any(i not in top_level for i in ids):
-            raise ValueError(f"equality delete file {delete.path}: field ids {list(ids)} are not top-level columns")
+        if not ids:
+            raise ValueError(f"{delete.path} is not an equality delete file (no equality_ids)")
+        if any(i not in top_level for i in ids):
+            raise ValueError(f"equality delete file {delete.path}: field ids {list(ids)} are not all top-level columns")
         by_ids.setdefault(ids, []).append(delete)
     key_ids = sorted({i for ids in by_ids for i in ids})
     key_schema = Schema(*[schema.find_field(i) for i in key_ids])
