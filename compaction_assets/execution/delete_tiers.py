@@ -64,6 +64,7 @@ if TYPE_CHECKING:
     from compaction_assets.lake.files import LiveFile
 
 CHUNK_ROWS = 1 << 20  # data-file key rows joined against the delete keys at once (at least the key count)
+ACERO_THREADS = False  # a Spark task owns one core: Acero's threads there only raise the memory peak
 _NO_SPEC = -1  # an equality-delete file is read without partition values: it holds its own columns
 
 
@@ -289,7 +290,7 @@ class _KeySet:
             self.sentinels[i] = valid[0] if len(valid) else None
         flagged = self.normalise(raw)
         self.names = [n for n in flagged.column_names if n != "_seq"]
-        self.table = flagged.group_by(self.names).aggregate([("_seq", "max")])
+        self.table = flagged.group_by(self.names, use_threads=ACERO_THREADS).aggregate([("_seq", "max")])
 
     def normalise(self, keys: pa.Table) -> pa.Table:
         """Columns `k<id>` -> null flags `n<id>` and sentinel-filled values `v<id>`; others kept."""
@@ -315,12 +316,12 @@ def _match_chunk(
     hits = []
     for key_set in keys:
         probe = key_set.normalise(chunk.select([*(f"k{i}" for i in key_set.ids), "_file", "_pos"]))
-        joined = probe.join(key_set.table, keys=key_set.names, join_type="inner")
+        joined = probe.join(key_set.table, keys=key_set.names, join_type="inner", use_threads=ACERO_THREADS)
         deleted = pc.greater(joined.column("_seq_max"), pc.take(seqs, joined.column("_file")))
         hits.append(joined.filter(deleted).select(["_file", "_pos"]))
     found = pa.concat_tables(hits)
     if len(keys) > 1:  # a row several key sets delete is one position
-        found = found.group_by(["_file", "_pos"]).aggregate([])
+        found = found.group_by(["_file", "_pos"], use_threads=ACERO_THREADS).aggregate([])
     found = found.sort_by([("_file", "ascending"), ("_pos", "ascending")])
     writer.write(pc.take(paths, found.column("_file")), found.column("_pos"))
     return len(found)
@@ -411,7 +412,11 @@ def rewrite_position_deletes(
         if kept
         else pa.table({"_file": pa.array([], pa.int32()), "_pos": pa.array([], pa.int64())})
     )
-    rows = rows.group_by(["_file", "_pos"]).aggregate([]).sort_by([("_file", "ascending"), ("_pos", "ascending")])
+    rows = (
+        rows.group_by(["_file", "_pos"], use_threads=ACERO_THREADS)
+        .aggregate([])
+        .sort_by([("_file", "ascending"), ("_pos", "ascending")])
+    )
     name = f"{job.output_dir.rstrip('/')}/{job.file_prefix}-{index:05d}-deletes"
     writer = PositionDeleteWriter(io, name, job.spec_id, decode_partition(job.partition), target_file_size_bytes)
     try:
