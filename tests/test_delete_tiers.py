@@ -376,6 +376,20 @@ def test_unreadable_delete_file_is_named_and_nothing_is_left_behind(table):
     assert not list(Path(output_dir(table).removeprefix("file://")).rglob("broken*"))
 
 
+def test_equality_delete_on_a_dropped_column_is_refused_by_name(table):
+    append(table, rows_of(range(0, 10), "eu"))
+    a = data_file_of(table, 0).data_file
+    commit_delete_files(table, [equality_delete_file(table, a.spec_id, a.partition, ["s"], [{"s": "a"}])])
+    with table.update_schema() as update:
+        update.delete_column("s")
+    table.refresh()
+    files = live(table)
+    [eq] = [f for f in files if f.is_delete]
+    job = TierJob.convert([f for f in files if not f.is_delete], [eq], output_dir(table), "dropped")
+    with pytest.raises(ValueError, match=eq.path):
+        convert_equality_deletes(table.metadata, table.io, job, TARGET)
+
+
 def tier_run(table: Table) -> TierRun:
     files = live(table)
     data = [f for f in files if not f.is_delete]
