@@ -1,6 +1,8 @@
 """Write real position- and equality-delete files, and commit them the way another engine (Spark,
-Flink) would. The cheaper merge-on-read tiers write position deletes with these; the demo's CDC
-table and the tests use them as "another engine".
+Flink) would. The cheaper merge-on-read tiers (execution/delete_tiers.py) write their position
+deletes with `PositionDeleteWriter` (any number of data files, rolling at a target size, from a
+Spark worker's FileIO); the demo's CDC table and the tests use the table-level helpers as
+"another engine".
 
 pyiceberg 0.12 reads position deletes but cannot write delete files, and has no public API to
 commit them: a `_FastAppendFiles` producer (a private name of pyiceberg 0.12) is taught to write
@@ -12,12 +14,14 @@ operation `delete` and pyiceberg's summary counts (added-position-deletes, added
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pyiceberg.io import FileIO, OutputStream
 from pyiceberg.io.pyarrow import (
     compute_statistics_plan,
     data_file_statistics_from_parquet_metadata,
@@ -39,7 +43,7 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation, SnapshotSummaryCollector, Summary, update_snapshot_summaries
 from pyiceberg.table.update.snapshot import _FastAppendFiles
 from pyiceberg.typedef import EMPTY_DICT, Record, TableVersion
-from pyiceberg.types import IntegerType, ListType, NestedField, StructType
+from pyiceberg.types import IntegerType, ListType, LongType, NestedField, StringType, StructType
 
 FILE_PATH_ID = 2147483546  # reserved field ids of a position-delete file (Iceberg spec)
 POS_ID = 2147483545
@@ -140,30 +144,111 @@ def _write_parquet(table: Table, rows: pa.Table, kind: str) -> tuple[str, int, p
     return path, len(table.io.new_input(path)), metadata
 
 
+POSITION_DELETE_SCHEMA = Schema(
+    NestedField(FILE_PATH_ID, "file_path", StringType(), required=True),
+    NestedField(POS_ID, "pos", LongType(), required=True),
+)
+_POSITION_ARROW = pa.schema(
+    [
+        pa.field("file_path", pa.string(), nullable=False, metadata={b"PARQUET:field_id": str(FILE_PATH_ID)}),
+        pa.field("pos", pa.int64(), nullable=False, metadata={b"PARQUET:field_id": str(POS_ID)}),
+    ]
+)
+# Java's MetricsConfig.forPositionDelete: file_path bounds in full (never truncated), so equal
+# bounds name the one data file a delete file references (lake.deletes.referenced_data_file).
+_POSITION_STATS = compute_statistics_plan(POSITION_DELETE_SCHEMA, {"write.metadata.metrics.default": "full"})
+_POSITION_IDS = parquet_path_to_id_mapping(POSITION_DELETE_SCHEMA)
+WRITE_ROWS = 1 << 17  # rows written at once: files roll at the target size between such slices
+
+
+class PositionDeleteWriter:
+    """Writes (file_path, pos) rows of one partition into position-delete files named
+    `{name}-NNNNN.parquet`, starting a new file once one reaches `target_bytes`.
+
+    Callers write rows sorted by file_path, then pos (the spec's order for position deletes).
+    Every file records exact file_path bounds, so a file holding one data file's rows references it.
+    """
+
+    def __init__(self, io: FileIO, name: str, spec_id: int, partition: Record, target_bytes: int | None = None) -> None:
+        self._io = io
+        self._name = name
+        self._spec_id = spec_id
+        self._partition = partition
+        self._target = target_bytes
+        self._path: str | None = None
+        self._stream: OutputStream | None = None
+        self._writer: pq.ParquetWriter | None = None
+        self._opened: list[str] = []
+        self._written: list[DataFile] = []
+
+    def write(self, paths: pa.Array | pa.ChunkedArray, positions: pa.Array | pa.ChunkedArray) -> None:
+        """Append rows (already sorted after every row written before)."""
+        for start in range(0, len(paths), WRITE_ROWS):
+            self._write(paths.slice(start, WRITE_ROWS), positions.slice(start, WRITE_ROWS))
+
+    def _write(self, paths: pa.Array | pa.ChunkedArray, positions: pa.Array | pa.ChunkedArray) -> None:
+        if self._writer is None:
+            self._path = f"{self._name}-{len(self._opened):05d}.parquet"
+            self._opened.append(self._path)
+            self._stream = self._io.new_output(self._path).create(overwrite=True)
+            self._writer = pq.ParquetWriter(self._stream, _POSITION_ARROW, compression="zstd")
+        rows = pa.table([paths.cast(pa.string()), positions.cast(pa.int64())], schema=_POSITION_ARROW)
+        self._writer.write_table(rows)
+        if self._target is not None and self._stream.tell() >= self._target:
+            self._finish_file()
+
+    def close(self) -> list[DataFile]:
+        """Finish the open file; the DataFiles (content position deletes) of every file written."""
+        self._finish_file()
+        return self._written
+
+    def abort(self) -> None:
+        """Delete every file this writer opened (best effort: recovery also sweeps by prefix)."""
+        if self._writer is not None:
+            with contextlib.suppress(Exception):
+                self._writer.close()
+                self._stream.close()
+        for path in self._opened:
+            with contextlib.suppress(OSError):
+                self._io.delete(path)
+
+    def _finish_file(self) -> None:
+        if self._writer is None:
+            return
+        self._writer.close()
+        self._stream.close()
+        stats = data_file_statistics_from_parquet_metadata(self._writer.writer.metadata, _POSITION_STATS, _POSITION_IDS)
+        delete_file = DataFile.from_args(
+            content=DataFileContent.POSITION_DELETES,
+            file_path=self._path,
+            file_format=FileFormat.PARQUET,
+            partition=self._partition,
+            file_size_in_bytes=len(self._io.new_input(self._path)),
+            **stats.to_serialized_dict(),
+        )
+        delete_file.spec_id = self._spec_id
+        self._written.append(delete_file)
+        self._writer = self._stream = self._path = None
+
+
+def position_delete_rows(
+    table: Table, spec_id: int, partition: Record, paths: Sequence[str], positions: Sequence[int]
+) -> DataFile:
+    """Write one position-delete file removing rows `positions[i]` (0-based) of data files `paths[i]`,
+    of one partition of a spec; rows are sorted as the spec requires."""
+    rows = pa.table({"file_path": pa.array(paths, pa.string()), "pos": pa.array(positions, pa.int64())})
+    rows = rows.sort_by([("file_path", "ascending"), ("pos", "ascending")])
+    name = f"{table.location().rstrip('/')}/data/pos-delete-{uuid.uuid4().hex}"
+    writer = PositionDeleteWriter(table.io, name, spec_id, partition)
+    writer.write(rows.column("file_path"), rows.column("pos"))
+    [delete_file] = writer.close()
+    return delete_file
+
+
 def position_delete_file(table: Table, data_file: DataFile, positions: Sequence[int]) -> DataFile:
     """Write a position-delete file removing rows `positions` (0-based) of the live `data_file`."""
-    schema = pa.schema(
-        [
-            pa.field("file_path", pa.string(), nullable=False, metadata={b"PARQUET:field_id": str(FILE_PATH_ID)}),
-            pa.field("pos", pa.int64(), nullable=False, metadata={b"PARQUET:field_id": str(POS_ID)}),
-        ]
-    )
-    positions = sorted(positions)
-    rows = pa.table({"file_path": [data_file.file_path] * len(positions), "pos": positions}, schema=schema)
-    path, size, _ = _write_parquet(table, rows, "pos-delete")
-    delete_file = DataFile.from_args(
-        content=DataFileContent.POSITION_DELETES,
-        file_path=path,
-        file_format=FileFormat.PARQUET,
-        partition=data_file.partition,
-        record_count=len(positions),
-        file_size_in_bytes=size,
-        # bounds on file_path say which data file it targets, as Java's writer records them
-        lower_bounds={FILE_PATH_ID: data_file.file_path.encode(), POS_ID: positions[0].to_bytes(8, "little")},
-        upper_bounds={FILE_PATH_ID: data_file.file_path.encode(), POS_ID: positions[-1].to_bytes(8, "little")},
-    )
-    delete_file.spec_id = data_file.spec_id
-    return delete_file
+    paths = [data_file.file_path] * len(positions)
+    return position_delete_rows(table, data_file.spec_id, data_file.partition, paths, positions)
 
 
 def equality_delete_file(
