@@ -189,7 +189,11 @@ def evaluate_fragmentation(
                     "small_files": p.stats.undersized,
                     "avg_file_bytes": p.stats.avg_file_bytes,
                     "data_bytes": p.stats.data_bytes,
-                    "delete_files": p.stats.delete_files,
+                    "delete_files": p.stats.applying_delete_files,
+                    "position_delete_files": p.stats.position_delete_files,
+                    "equality_delete_files": p.stats.equality_delete_files,
+                    "deleted_rows": p.stats.deleted_rows,
+                    "read_amplification": round(p.stats.read_amplification, 3),
                     "paused": not tplan.policy.enabled,
                 },
             )
