@@ -18,6 +18,8 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pyiceberg.avro.codecs import AvroCompressionCodec
+from pyiceberg.io import OutputFile
 from pyiceberg.io.pyarrow import (
     compute_statistics_plan,
     data_file_statistics_from_parquet_metadata,
@@ -32,8 +34,10 @@ from pyiceberg.manifest import (
     ManifestEntry,
     ManifestEntryStatus,
     ManifestFile,
+    ManifestWriter,
     ManifestWriterV2,
 )
+from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation, SnapshotSummaryCollector, Summary, update_snapshot_summaries
@@ -63,6 +67,13 @@ class _DeleteManifestWriter(ManifestWriterV2):
     def _with_partition(self, format_version: TableVersion) -> Schema:
         schema = super()._with_partition(format_version)
         return Schema(*[_int_equality_ids(f) if f.field_id == 2 else f for f in schema.fields])
+
+
+def delete_manifest_writer(
+    spec: PartitionSpec, schema: Schema, output: OutputFile, snapshot_id: int, compression: AvroCompressionCodec
+) -> ManifestWriter:
+    """A format-version-2 manifest writer for delete files (content=deletes, equality_ids list<int>)."""
+    return _DeleteManifestWriter(spec, schema, output, snapshot_id, compression)
 
 
 def _int_equality_ids(data_file: NestedField) -> NestedField:
