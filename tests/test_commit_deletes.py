@@ -30,6 +30,7 @@ from pyiceberg.table import Table
 from pyiceberg.typedef import Record
 
 import compaction_assets.commit.two_phase as two_phase
+from compaction_assets.commit.consistency import check_consistency
 from compaction_assets.commit.ledger import Attempt, Ledger, Status
 from compaction_assets.commit.recovery import recover
 from compaction_assets.commit.two_phase import CommitResult, commit_together
@@ -221,6 +222,12 @@ def summary(table: Table) -> dict[str, str]:
     return table.current_snapshot().summary.additional_properties
 
 
+def consistent(env: Env, table: Table, attempt: Attempt) -> bool:
+    report = check_consistency(table, env.ledger, attempt.partition_key, attempt.task_id, 3600)
+    assert report.attempts_checked == 1 and report.passed, report.problems
+    return True
+
+
 def local(path: str) -> Path:
     return Path(path.removeprefix("file://"))
 
@@ -246,6 +253,7 @@ def test_position_deletes_of_replaced_files_are_removed_with_them(env):
     s = summary(table)
     assert (s["removed-delete-files"], s["removed-position-deletes"], s["total-delete-files"]) == ("2", "3", "1")
     assert (s["deleted-data-files"], s["added-data-files"], s["total-position-deletes"]) == ("3", "1", "1")
+    assert consistent(env, table, attempt)  # fewer rows out than in: the deletes applied
 
 
 def test_a_partition_scoped_position_delete_naming_a_kept_file_stays(env):
@@ -382,6 +390,7 @@ def test_converting_equality_deletes_to_position_deletes(env):
     assert "added-data-files" not in s and s["total-data-files"] == "4"
     assert multiset(table) == expected == duckdb_multiset(table)
     assert local(doc["file_path"]).exists()  # the commit's sweep keeps its live result
+    assert consistent(env, table, attempt)
 
 
 def test_converting_equality_deletes_backs_off_when_a_file_it_did_not_cover_needs_them(env):

@@ -16,6 +16,7 @@ decided on the head each try lands on.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -83,6 +84,7 @@ from compaction_assets.lake.manifest_cache import live_entries, manifest_content
 from compaction_assets.lake.manifest_io import ManifestContents, write_restated
 from compaction_assets.lake.storage import PathSet, delete_unreferenced, files_with_prefix
 
+log = logging.getLogger("compaction_assets")
 _UNREAD = ManifestContents((), None, ())
 TASK_ID_PROPERTY = "compaction.task-id"
 ATTEMPT_ID_PROPERTY = "compaction.attempt-id"
@@ -482,12 +484,12 @@ class _RewriteFiles(_OverwriteFiles):
         deletes = ApplyingDeletes(f for f in files.values() if f.is_delete and f.path not in replaced)
         replaced_data = [files[p] for p in replaced if not files[p].is_delete]
         candidates = {d.path: d for data in replaced_data for d in deletes.for_data_file(data)}
-        # global deletes (and replaced equality deletes) can apply to data files of any partition
+        # a global delete (candidate, or replaced equality delete) can apply to data files of any partition
         in_question = [
-            *(d for d in candidates.values() if len(d.data_file.partition) == 0),
+            *candidates.values(),
             *(files[p] for p in replaced if files[p].data_file.content == DataFileContent.EQUALITY_DELETES),
         ]
-        upto = max((f.data_sequence_number for f in in_question), default=-1)
+        upto = max((f.data_sequence_number for f in in_question if len(f.data_file.partition) == 0), default=-1)
         for i, manifest in enumerate(manifests):
             if i in read or manifest.content != ManifestContent.DATA or (manifest.min_sequence_number or 0) > upto:
                 continue
@@ -754,7 +756,11 @@ def confirm_committed(
         snapshot_id = snapshot.snapshot_id
     else:
         snapshot = table.metadata.snapshot_by_id(snapshot_id)
-    removed = [] if snapshot is None else removed_deletes(table, ledger, snapshot, attempt, peers or {})
+    try:
+        removed = [] if snapshot is None else removed_deletes(table, ledger, snapshot, attempt, peers or {})
+    except Exception as exc:  # a figure for the report must not make a landed commit's outcome unknown
+        log.warning("attempt %s: cannot tell which delete files its commit removed: %s", attempt.attempt_id, exc)
+        removed = []
     try:
         committed = ledger.mark_committed(attempt.attempt_id, snapshot_id, removed)
     except StaleAttempt:
