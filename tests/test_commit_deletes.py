@@ -117,11 +117,14 @@ def out_dir(table: Table) -> str:
     return f"{table.location()}/data/results"
 
 
-def rewritten(table: Table, sources: list[DataFile], attempt_id: str) -> list[DataFile]:
-    """The live rows of `sources` (as the spec reads `table` now) in one data file of their
-    partition named after the attempt, or no file if none is live."""
+def rewritten(table: Table, sources: list[DataFile], attempt_id: str, deletes: bool = True) -> list[DataFile]:
+    """The live rows of `sources` (as the spec reads `table` now; every row if not `deletes`) in one
+    data file of their partition named after the attempt, or no file if none is live."""
     wanted = {i for f in sources for i in ids(f)}
-    rows = [r for r in spec_rows(table) if r["id"] in wanted]
+    if deletes:
+        rows = [r for r in spec_rows(table) if r["id"] in wanted]
+    else:
+        rows = [r for f in sources for r in pq.read_table(local(f.file_path)).to_pylist()]
     if not rows:
         return []
     schema = table.schema()
@@ -393,10 +396,27 @@ def test_converting_equality_deletes_to_position_deletes(env):
     assert consistent(env, table, attempt)
 
 
-def test_converting_equality_deletes_backs_off_when_a_file_it_did_not_cover_needs_them(env):
+def race(monkeypatch, other) -> list[bool]:
+    """Run `other()` once, after commit_together's checks and before its snapshot is made: the
+    first try then commits on a stale head and pyiceberg retries on the new one."""
+    real, raced = two_phase._commit_once, []
+
+    def racing(table_, attempts, live_):
+        if not raced:
+            raced.append(True)
+            other()
+        real(table_, attempts, live_)
+
+    monkeypatch.setattr(two_phase, "_commit_once", racing)
+    return raced
+
+
+@pytest.mark.parametrize("when", ["before-the-commit", "inside-the-commit"])
+def test_converting_equality_deletes_backs_off_when_a_file_it_did_not_cover_needs_them(env, monkeypatch, when):
     """Another engine rewrote a covered file keeping its old data sequence number (as Java's
     RewriteFiles does) after the conversion was planned: the delete applies to the new file,
-    whose positions the conversion never computed, so replacing the delete would resurrect rows."""
+    whose positions the conversion never computed, so replacing the delete would resurrect rows.
+    Seen by the check before the commit, or by the commit try itself when it lands in between."""
     table = make_table(env, {"eu": 3})
     f0, f1, f2 = data(table)
     before_delete = head(table)
@@ -410,18 +430,22 @@ def test_converting_equality_deletes_backs_off_when_a_file_it_did_not_cover_need
         return [combined_position_delete(env.table(), rows, f0, attempt_id)]
 
     conversion = prepare(env, table, [eq], convert, kind="convert-equality-deletes", covered=[f0, f1, f2])
-    # the other engine's rewrite of f0, planned before the delete: its result keeps that data sequence number
-    other = prepare(env, table, [f0], lambda a: rewritten(env.catalog.load_table("ns.t"), [f0], a), base=before_delete)
-    committed(commit(env, other), other)
-    expected = multiset(env.table())
-    assert eq.file_path in live(env.table())  # it applies to the other engine's result
+    expected = multiset(table)
+    # the other engine's rewrite of f0, planned before the delete (its rows all there): its result
+    # keeps that data sequence number, so the delete applies to it
+    other = prepare(env, table, [f0], lambda a: rewritten(env.table(), [f0], a, deletes=False), base=before_delete)
+    if when == "before-the-commit":
+        committed(commit(env, other), other)
+    else:
+        race(monkeypatch, lambda: committed(commit(env, other), other))
 
     results = commit(env, conversion)
 
     assert isinstance(results[conversion.attempt_id], BackOff)
     assert "did not cover" in str(results[conversion.attempt_id])
-    assert eq.file_path in live(env.table())
-    assert multiset(env.table()) == expected
+    table = env.table()
+    assert eq.file_path in live(table) and other.source_files[0] not in live(table)
+    assert multiset(table) == expected
 
 
 def test_an_incomplete_covered_set_backs_off(env):
@@ -493,21 +517,6 @@ def test_combining_position_deletes_backs_off_when_one_is_gone(env):
     table = env.table()
     assert small[1].file_path in live(table)
     assert multiset(table) == expected == duckdb_multiset(table)
-
-
-def race(monkeypatch, other) -> list[bool]:
-    """Run `other()` once, after commit_together's checks and before its snapshot is made: the
-    first try then commits on a stale head and pyiceberg retries on the new one."""
-    real, raced = two_phase._commit_once, []
-
-    def racing(table_, attempts, live_):
-        if not raced:
-            raced.append(True)
-            other()
-        real(table_, attempts, live_)
-
-    monkeypatch.setattr(two_phase, "_commit_once", racing)
-    return raced
 
 
 def test_dangling_deletes_are_decided_on_the_head_the_commit_lands_on(env, monkeypatch):
