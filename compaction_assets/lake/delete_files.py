@@ -18,8 +18,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pyiceberg.avro.codecs import AvroCompressionCodec
-from pyiceberg.io import OutputFile
 from pyiceberg.io.pyarrow import (
     compute_statistics_plan,
     data_file_statistics_from_parquet_metadata,
@@ -34,10 +32,8 @@ from pyiceberg.manifest import (
     ManifestEntry,
     ManifestEntryStatus,
     ManifestFile,
-    ManifestWriter,
     ManifestWriterV2,
 )
-from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation, SnapshotSummaryCollector, Summary, update_snapshot_summaries
@@ -49,7 +45,7 @@ FILE_PATH_ID = 2147483546  # reserved field ids of a position-delete file (Icebe
 POS_ID = 2147483545
 
 
-class _DeleteManifestWriter(ManifestWriterV2):
+class DeleteManifestWriter(ManifestWriterV2):
     """A v2 manifest writer whose manifest holds delete files (content=deletes).
 
     pyiceberg 0.12 declares `equality_ids` as list<long>; the spec says list<int> (field 136), and
@@ -67,13 +63,6 @@ class _DeleteManifestWriter(ManifestWriterV2):
     def _with_partition(self, format_version: TableVersion) -> Schema:
         schema = super()._with_partition(format_version)
         return Schema(*[_int_equality_ids(f) if f.field_id == 2 else f for f in schema.fields])
-
-
-def delete_manifest_writer(
-    spec: PartitionSpec, schema: Schema, output: OutputFile, snapshot_id: int, compression: AvroCompressionCodec
-) -> ManifestWriter:
-    """A format-version-2 manifest writer for delete files (content=deletes, equality_ids list<int>)."""
-    return _DeleteManifestWriter(spec, schema, output, snapshot_id, compression)
 
 
 def _int_equality_ids(data_file: NestedField) -> NestedField:
@@ -110,7 +99,7 @@ class _AddDeleteFiles(_FastAppendFiles):
             by_spec.setdefault(delete_file.spec_id, []).append(delete_file)
         manifests = []
         for spec_id, files in by_spec.items():
-            writer = _DeleteManifestWriter(
+            writer = DeleteManifestWriter(
                 metadata.specs()[spec_id],
                 metadata.schema(),
                 self.new_manifest_output(),
