@@ -76,7 +76,7 @@ from compaction_assets.errors import BackOff
 from compaction_assets.faults import crash_point
 from compaction_assets.gc_pause import gc_paused
 from compaction_assets.lake.datafile_codec import datafile_from_json
-from compaction_assets.lake.delete_files import DeleteManifestWriter
+from compaction_assets.lake.delete_files import _DeleteManifestWriter
 from compaction_assets.lake.deletes import ApplyingDeletes, DeleteIndex, SequencedFile, referenced_data_file
 from compaction_assets.lake.features import refusal
 from compaction_assets.lake.files import LiveFile, live_files, partition_key
@@ -430,7 +430,7 @@ class _RewriteFiles(_OverwriteFiles):
         if content == ManifestContent.DATA:
             return self.new_manifest_writer(spec)
         schema, output = self._spec_schema(spec.spec_id), self.new_manifest_output()
-        return DeleteManifestWriter(spec, schema, output, self._snapshot_id, self._compression)
+        return _DeleteManifestWriter(spec, schema, output, self._snapshot_id, self._compression)
 
     def _build_delete_files_partition_predicate(self) -> None:
         """The replaced files' partitions, per spec, to skip manifests that cannot hold one: pyiceberg's

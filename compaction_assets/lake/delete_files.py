@@ -45,7 +45,7 @@ FILE_PATH_ID = 2147483546  # reserved field ids of a position-delete file (Icebe
 POS_ID = 2147483545
 
 
-class DeleteManifestWriter(ManifestWriterV2):
+class _DeleteManifestWriter(ManifestWriterV2):
     """A v2 manifest writer whose manifest holds delete files (content=deletes).
 
     pyiceberg 0.12 declares `equality_ids` as list<long>; the spec says list<int> (field 136), and
@@ -99,7 +99,7 @@ class _AddDeleteFiles(_FastAppendFiles):
             by_spec.setdefault(delete_file.spec_id, []).append(delete_file)
         manifests = []
         for spec_id, files in by_spec.items():
-            writer = DeleteManifestWriter(
+            writer = _DeleteManifestWriter(
                 metadata.specs()[spec_id],
                 metadata.schema(),
                 self.new_manifest_output(),
