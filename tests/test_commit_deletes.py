@@ -200,13 +200,12 @@ def prepare(
         [out_dir(table)],
         sum(f.record_count for f in sources),
         sum(f.file_size_in_bytes for f in sources),
-        covered_files=None if covered is None else [f.file_path for f in covered],
     )
     written = results(attempt.attempt_id)
     docs = [datafile_to_json(f) for f in written]
-    return env.ledger.prepare(
-        attempt.attempt_id, docs, sum(f.record_count for f in written), sum(f.file_size_in_bytes for f in written)
-    )
+    rows, size = sum(f.record_count for f in written), sum(f.file_size_in_bytes for f in written)
+    covered_files = None if covered is None else [f.file_path for f in covered]  # as a tier job reports them
+    return env.ledger.prepare(attempt.attempt_id, docs, rows, size, covered_files=covered_files)
 
 
 def commit(env: Env, *attempts: Attempt) -> dict[str, CommitResult]:

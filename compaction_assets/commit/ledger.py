@@ -214,8 +214,16 @@ class Ledger:
             session.flush()
             return Attempt._from_row(row)
 
-    def prepare(self, attempt_id: str, result_files: list[dict[str, Any]], rows_out: int, bytes_out: int) -> Attempt:
-        """EXECUTING -> PREPARED with the exact result files; only for the task's latest attempt."""
+    def prepare(
+        self,
+        attempt_id: str,
+        result_files: list[dict[str, Any]],
+        rows_out: int,
+        bytes_out: int,
+        covered_files: list[str] | None = None,
+    ) -> Attempt:
+        """EXECUTING -> PREPARED with the exact result files (and, if given, the data files the
+        attempt covered, when only its run knows them: see `begin`); only for the task's latest attempt."""
         with Session(self._engine) as session, session.begin():
             row = session.get(AttemptRow, attempt_id)
             if row is not None and row.status == Status.EXECUTING:
@@ -233,6 +241,7 @@ class Ledger:
             result_files=result_files,
             rows_out=rows_out,
             bytes_out=bytes_out,
+            **({} if covered_files is None else {"covered_files": covered_files}),
         )
 
     def mark_committed(
