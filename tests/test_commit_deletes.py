@@ -25,7 +25,7 @@ from pyiceberg.io.pyarrow import (
     parquet_path_to_id_mapping,
     schema_to_pyarrow,
 )
-from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestContent
 from pyiceberg.table import Table
 from pyiceberg.typedef import Record
 
@@ -38,6 +38,7 @@ from compaction_assets.errors import BackOff
 from compaction_assets.lake.datafile_codec import datafile_from_json, datafile_to_json
 from compaction_assets.lake.delete_files import FILE_PATH_ID, POS_ID, position_delete_file
 from compaction_assets.lake.files import LiveFile, live_files
+from compaction_assets.lake.manifest_io import ManifestContents
 from compaction_assets.lake.storage import Claims, delete_unreferenced
 from tests.conftest import BY_REGION, SCHEMA, batch, postgres_schema
 from tests.foreign_deletes import commit_deletes, equality_delete
@@ -234,7 +235,17 @@ def local(path: str) -> Path:
     return Path(path.removeprefix("file://"))
 
 
-def test_position_deletes_of_replaced_files_are_removed_with_them(env):
+@pytest.mark.parametrize("restated", [True, False], ids=["bytes-restated", "entries-written"])
+def test_position_deletes_of_replaced_files_are_removed_with_them(env, monkeypatch, restated):
+    """Removed deletes are restated from the manifest's bytes (lake.manifest_io), or written
+    entry by entry by a delete-manifest writer when a manifest cannot be restated."""
+    if not restated:
+        real = two_phase.manifest_contents
+
+        def unrestatable(manifest, io) -> ManifestContents:
+            return ManifestContents(real(manifest, io).entries, None, ())
+
+        monkeypatch.setattr(two_phase, "manifest_contents", unrestatable)
     table = make_table(env, {"eu": 4, "us": 2})
     f0, f1, f2, f3 = data(table)
     d0 = position_delete_file(table, f0, [0, 1])
@@ -256,6 +267,8 @@ def test_position_deletes_of_replaced_files_are_removed_with_them(env):
     assert (s["removed-delete-files"], s["removed-position-deletes"], s["total-delete-files"]) == ("2", "3", "1")
     assert (s["deleted-data-files"], s["added-data-files"], s["total-position-deletes"]) == ("3", "1", "1")
     assert consistent(env, table, attempt)  # fewer rows out than in: the deletes applied
+    delete_manifests = [m for m in table.current_snapshot().manifests(table.io) if m.content == ManifestContent.DELETES]
+    assert {m.deleted_files_count for m in delete_manifests} == {0, 2}  # the removed ones, and d3 EXISTING
 
 
 def test_a_partition_scoped_position_delete_naming_a_kept_file_stays(env):
