@@ -780,7 +780,8 @@ def removed_deletes(
     else of its partition key, else the first: a delete that several partitions shared (a global
     one) is counted once."""
     summary = snapshot.summary
-    if summary is None or not summary[REMOVED_DELETE_FILES]:
+    ids = ((summary[ATTEMPT_ID_PROPERTY] or "") if summary is not None else "").split(",")
+    if summary is None or not summary[REMOVED_DELETE_FILES] or attempt.attempt_id not in ids:
         return []
     removed = [
         e.data_file
@@ -789,7 +790,6 @@ def removed_deletes(
         for e in m.fetch_manifest_entry(table.io, discard_deleted=False)
         if e.status == ManifestEntryStatus.DELETED and e.snapshot_id == snapshot.snapshot_id
     ]
-    ids = (summary[ATTEMPT_ID_PROPERTY] or attempt.attempt_id).split(",")
     attempts = [a for i in ids if (a := attempt if i == attempt.attempt_id else peers.get(i) or ledger.get(i))]
 
     def owner(delete_file: DataFile) -> Attempt:
