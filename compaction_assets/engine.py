@@ -392,6 +392,7 @@ class Engine:
             elif isinstance(result, StaleAttempt):
                 outcome.status, outcome.reason = "failed", str(result)
             else:
+                outcome.delete_files_removed = len(result.removed_deletes)
                 outcome.status = "committed"
                 outcome.reason = f"{item.plan.input_files} file(s) -> {outcome.files_written} file(s)"
                 if outcome.deletes_applied:

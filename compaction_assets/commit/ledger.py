@@ -3,6 +3,10 @@
 Lifecycle: EXECUTING -> PREPARED -> COMMITTED, or FAILED / ROLLED_BACK with a reason. Every
 transition is a conditional UPDATE on the expected status, so a report from a stale attempt
 (superseded by a newer attempt of its task, or already ended) is rejected, never applied.
+
+An existing ledger is migrated when opened: columns added since it was created are added
+(nullable, so older rows read as "not recorded"), and `kind` is widened where the database
+enforces a length (PostgreSQL).
 """
 
 from __future__ import annotations
@@ -19,7 +23,23 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, DateTime, Integer, String, Text, create_engine, event, func, select, update
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Engine,
+    Integer,
+    String,
+    Text,
+    create_engine,
+    event,
+    func,
+    inspect,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.exc import DatabaseError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from compaction_assets.errors import CompactionError
@@ -36,6 +56,7 @@ class Status(StrEnum):
 
 
 OPEN = (Status.EXECUTING, Status.PREPARED)
+KIND_LENGTH = 64  # "convert-equality-deletes" needs 24; ledgers created before it have 16
 
 
 def _now() -> dt.datetime:
@@ -54,7 +75,7 @@ class AttemptRow(_Base):
     attempt_number: Mapped[int] = mapped_column(Integer)
     table_name: Mapped[str] = mapped_column(String(512), index=True)
     partition_key: Mapped[str] = mapped_column(Text)
-    kind: Mapped[str] = mapped_column(String(16))
+    kind: Mapped[str] = mapped_column(String(KIND_LENGTH))
     status: Mapped[str] = mapped_column(String(16), index=True)
     base_snapshot_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     source_files: Mapped[list[str]] = mapped_column(JSON)
@@ -71,6 +92,10 @@ class AttemptRow(_Base):
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
     updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    # data files a delete-file rewrite covered (convert-equality-deletes: the files it computed positions for)
+    covered_files: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
+    # delete files the commit removed, attributed to this attempt (COMMITTED only)
+    removed_deletes: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
 
 
 @dataclass(frozen=True)
@@ -99,6 +124,8 @@ class Attempt:
     created_at: dt.datetime
     updated_at: dt.datetime
     finished_at: dt.datetime | None
+    covered_files: list[str] | None  # None: not recorded (see AttemptRow)
+    removed_deletes: list[str]
 
     @classmethod
     def _from_row(cls, row: AttemptRow) -> Attempt:
@@ -106,7 +133,7 @@ class Attempt:
         for name in ("created_at", "updated_at", "finished_at"):  # SQLite drops the zone
             if values[name] is not None and values[name].tzinfo is None:
                 values[name] = values[name].replace(tzinfo=dt.UTC)
-        return cls(**{**values, "status": Status(row.status)})
+        return cls(**{**values, "status": Status(row.status), "removed_deletes": row.removed_deletes or []})
 
 
 class StaleAttempt(CompactionError):
@@ -133,6 +160,7 @@ class Ledger:
         if is_sqlite:
             event.listen(self._engine, "connect", _sqlite_pragmas)
         _Base.metadata.create_all(self._engine)
+        _migrate(self._engine)
 
     def dispose(self) -> None:
         self._engine.dispose()
@@ -148,9 +176,13 @@ class Ledger:
         output_dirs: list[str],
         rows_in: int,
         bytes_in: int,
+        covered_files: list[str] | None = None,
     ) -> Attempt:
         """Record a new EXECUTING attempt of `task_id` (attempt numbers count up per task).
 
+        `source_files` are the files it replaces (data or delete files); `covered_files`, for an
+        attempt that replaces equality deletes, the data files whose rows it accounted for (the
+        commit refuses it if a replaced equality delete applies to any other live data file).
         A task id may not contain a comma: a snapshot that commits several attempts lists their
         task ids comma-separated in its `compaction.task-id` summary property."""
         if "," in task_id:
@@ -172,6 +204,7 @@ class Ledger:
                 output_dirs=output_dirs,
                 rows_in=rows_in,
                 bytes_in=bytes_in,
+                covered_files=covered_files,
                 host=socket.gethostname(),
                 pid=os.getpid(),
                 created_at=now,
@@ -181,8 +214,16 @@ class Ledger:
             session.flush()
             return Attempt._from_row(row)
 
-    def prepare(self, attempt_id: str, result_files: list[dict[str, Any]], rows_out: int, bytes_out: int) -> Attempt:
-        """EXECUTING -> PREPARED with the exact result files; only for the task's latest attempt."""
+    def prepare(
+        self,
+        attempt_id: str,
+        result_files: list[dict[str, Any]],
+        rows_out: int,
+        bytes_out: int,
+        covered_files: list[str] | None = None,
+    ) -> Attempt:
+        """EXECUTING -> PREPARED with the exact result files (and, if given, the data files the
+        attempt covered, when only its run knows them: see `begin`); only for the task's latest attempt."""
         with Session(self._engine) as session, session.begin():
             row = session.get(AttemptRow, attempt_id)
             if row is not None and row.status == Status.EXECUTING:
@@ -200,11 +241,21 @@ class Ledger:
             result_files=result_files,
             rows_out=rows_out,
             bytes_out=bytes_out,
+            **({} if covered_files is None else {"covered_files": covered_files}),
         )
 
-    def mark_committed(self, attempt_id: str, snapshot_id: int | None) -> Attempt:
-        """PREPARED -> COMMITTED, with the snapshot that committed it (None: not known any more)."""
-        return self._transition(attempt_id, [Status.PREPARED], Status.COMMITTED, committed_snapshot_id=snapshot_id)
+    def mark_committed(
+        self, attempt_id: str, snapshot_id: int | None, removed_deletes: list[str] | None = None
+    ) -> Attempt:
+        """PREPARED -> COMMITTED, with the snapshot that committed it (None: not known any more)
+        and the delete files that snapshot removed on this attempt's account."""
+        return self._transition(
+            attempt_id,
+            [Status.PREPARED],
+            Status.COMMITTED,
+            committed_snapshot_id=snapshot_id,
+            removed_deletes=removed_deletes or [],
+        )
 
     def mark_failed(self, attempt_id: str, reason: str) -> Attempt:
         return self._transition(attempt_id, [Status.EXECUTING], Status.FAILED, reason=redact(reason))
@@ -288,6 +339,27 @@ class Ledger:
                 raise StaleAttempt(attempt_id, expected, row.status if row else None)
             session.refresh(row)
             return Attempt._from_row(row)
+
+
+def _migrate(engine: Engine) -> None:
+    """Bring a ledger created by an older version up to this one's columns (see the module doc).
+    Safe when several processes open it at once: a column another one just added is skipped."""
+    table = AttemptRow.__table__
+    existing = {c["name"]: c for c in inspect(engine).get_columns(table.name)}
+    for column in table.columns:
+        if column.name in existing:
+            continue
+        ddl = f"ALTER TABLE {table.name} ADD COLUMN {column.name} {column.type.compile(dialect=engine.dialect)}"
+        try:
+            with engine.begin() as connection:
+                connection.execute(text(ddl))
+        except DatabaseError:
+            if column.name not in {c["name"] for c in inspect(engine).get_columns(table.name)}:
+                raise
+    length = getattr(existing.get("kind", {}).get("type"), "length", None)
+    if engine.dialect.name == "postgresql" and length is not None and length < KIND_LENGTH:
+        with engine.begin() as connection:
+            connection.execute(text(f"ALTER TABLE {table.name} ALTER COLUMN kind TYPE VARCHAR({KIND_LENGTH})"))
 
 
 _FAILURES = re.compile(r"^recovery failed (\d+)x: ")

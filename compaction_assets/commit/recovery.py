@@ -4,11 +4,16 @@ Only attempts whose process is gone (same host, pid not alive) or that have not 
 than the timeout are touched: a live process finishes its own attempt. Each attempt is recovered
 on its own: one that raises is reported (table and attempt id) and the others still recovered.
 
-PREPARED, decided from the table's state (any engine may have expired our snapshot meanwhile):
+PREPARED, decided from the table's state (any engine may have expired our snapshot meanwhile);
+result files are data files, or delete files (the merge-on-read tiers), both read from the
+manifests of every snapshot the table has:
 - committed, if a snapshot names the attempt, or any snapshot the table has references one of its
   result files: mark COMMITTED;
 - else, if its result files are gone, roll back (nothing was committed; the sources are as they were);
-- else recommit, which rolls back if its sources are no longer live.
+- else recommit, which rolls back if its sources (data or delete files) are no longer live.
+An attempt without result files (a rewrite whose rows were all deleted) whose snapshot was expired
+cannot be told from one never committed: it is recommitted, and so rolled back once its sources
+are gone; the table's rows are right either way.
 A PREPARED attempt whose recovery raised PARK_AFTER times is parked: FAILED with the reason, and
 nothing deleted (its result files are either referenced by the table, or uncommitted and left to
 GC's orphan collection after the grace period).
@@ -163,8 +168,9 @@ def _recover_prepared(catalog: Catalog, ledger: Ledger, attempt: Attempt, report
 
 
 def committed_by_state(table: Table, attempt: Attempt) -> int | None:
-    """The id of the snapshot that added the attempt's result files, if any snapshot the table still
-    has references one of them (that snapshot itself may have been expired by any engine since)."""
+    """The id of the snapshot that added the attempt's result files (data or delete files: data and
+    delete manifests alike are read), if any snapshot the table still has references one of them
+    (that snapshot itself may have been expired by any engine since)."""
     if not attempt.result_files:
         return None
     results = PathSet(d["file_path"] for d in attempt.result_files)

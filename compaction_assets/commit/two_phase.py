@@ -6,14 +6,20 @@ results of one or more attempts of a table, tagged with their task and attempt i
 every source is still live and no position delete that can apply to one was added since the
 attempt's base snapshot (Java's RewriteFiles); then COMMITTED.
 A commit that gives way deletes the attempt's own files and ends ROLLED_BACK.
+
+Sources and results are data files (a rewrite) or delete files (the cheaper merge-on-read tiers:
+equality deletes converted to position deletes, position deletes combined). The snapshot also
+removes every delete file that the swap leaves applying to no live data file (dangling deletes),
+decided on the head each try lands on.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,13 +76,15 @@ from compaction_assets.errors import BackOff
 from compaction_assets.faults import crash_point
 from compaction_assets.gc_pause import gc_paused
 from compaction_assets.lake.datafile_codec import datafile_from_json
-from compaction_assets.lake.deletes import DeleteIndex
+from compaction_assets.lake.delete_files import _DeleteManifestWriter
+from compaction_assets.lake.deletes import ApplyingDeletes, DeleteIndex, SequencedFile, referenced_data_file
 from compaction_assets.lake.features import refusal
-from compaction_assets.lake.files import live_files
+from compaction_assets.lake.files import LiveFile, live_files, partition_key
 from compaction_assets.lake.manifest_cache import live_entries, manifest_contents
 from compaction_assets.lake.manifest_io import ManifestContents, write_restated
 from compaction_assets.lake.storage import PathSet, delete_unreferenced, files_with_prefix
 
+log = logging.getLogger("compaction_assets")
 _UNREAD = ManifestContents((), None, ())
 TASK_ID_PROPERTY = "compaction.task-id"
 ATTEMPT_ID_PROPERTY = "compaction.attempt-id"
@@ -123,11 +131,16 @@ def commit_together(
 
     Each try starts from the catalog's current state: an attempt a snapshot already carries (a
     concurrent recovery committed it) is confirmed; one whose sources are no longer live, or that
-    a position delete added after its base snapshot can apply to, rolls back alone. The same
-    checks run again inside every commit try, pyiceberg's own retries included (_RewriteFiles);
-    appends and equality deletes do not conflict (results take their base's data sequence number).
+    a position delete added after its base snapshot can apply to, or that replaces an equality
+    delete still applying to a live data file it did not cover, rolls back alone. The same checks
+    run again inside every commit try, pyiceberg's own retries included (_RewriteFiles); appends
+    and equality deletes do not conflict (results take their base's data sequence number).
+
+    A COMMITTED attempt's `removed_deletes` lists the delete files its snapshot removed on its
+    account: the delete files it replaced, and the dangling ones its swap left (see _RewriteFiles).
     """
     pending = list(attempts)
+    peers = {a.attempt_id: a for a in attempts}
 
     def settle(attempt: Attempt, outcome: Callable[[], CommitResult]) -> None:
         pending.remove(attempt)
@@ -140,12 +153,12 @@ def commit_together(
     for attempt_no in range(MAX_COMMIT_TRIES):
         table.refresh()
         for attempt in [a for a in pending if commit_snapshot(table, a) is not None]:
-            settle(attempt, lambda a=attempt: confirm_committed(table, ledger, a))
+            settle(attempt, lambda a=attempt: confirm_committed(table, ledger, a, peers=peers))
         if refused := refusal(table):  # another engine changed the table into one we do not commit to
             for attempt in list(pending):
                 settle(attempt, lambda a=attempt, r=refused: roll_back(table, ledger, a, r))
             return
-        live = {f.path: f.data_file for f in live_files(table) if not f.is_delete}
+        live = {f.path: f for f in live_files(table)}
         head = table.current_snapshot()
         head_id = head.snapshot_id if head else None
         added_since = KeyDefaultDict(
@@ -157,26 +170,26 @@ def commit_together(
         if not pending:
             return
         try:
-            _commit_once(table, pending, live)
+            _commit_once(table, pending, {path: f.data_file for path, f in live.items()})
         except (CommitFailedException, ValidationException) as exc:  # guaranteed not to have landed
             last_error = exc
             time.sleep(min(0.05 * 2**attempt_no, 1.0))
             continue
         crash_point("after_iceberg_commit")
         for attempt in list(pending):
-            settle(attempt, lambda a=attempt: confirm_committed(table, ledger, a))
+            settle(attempt, lambda a=attempt: confirm_committed(table, ledger, a, peers=peers))
         return
     table.refresh()
     for attempt in list(pending):
         if commit_snapshot(table, attempt) is not None:
-            settle(attempt, lambda a=attempt: confirm_committed(table, ledger, a))
+            settle(attempt, lambda a=attempt: confirm_committed(table, ledger, a, peers=peers))
         else:
             reason = f"commit gave way {MAX_COMMIT_TRIES} times; last: {last_error}"
             settle(attempt, lambda a=attempt, r=reason: roll_back(table, ledger, a, r))
 
 
 def _conflict(
-    attempt: Attempt, live: dict[str, DataFile], added_since: Mapping[int | None, list[DataFile]]
+    attempt: Attempt, live: dict[str, LiveFile], added_since: Mapping[int | None, list[DataFile]]
 ) -> str | None:
     """Why the attempt cannot commit on the current head, or None."""
     missing = [p for p in attempt.source_files if p not in live]
@@ -185,11 +198,16 @@ def _conflict(
             f"{len(missing)} of {len(attempt.source_files)} source file(s) are no longer live "
             f"(e.g. {missing[0]}): a concurrent change replaced them"
         )
-    try:
-        added = added_since[attempt.base_snapshot_id]
-    except ValidationException as exc:
-        return str(exc)
-    return _delete_conflict([live[p] for p in attempt.source_files], added)
+    replaced = [live[p] for p in attempt.source_files]
+    if data := [f.data_file for f in replaced if not f.is_delete]:
+        try:
+            added = added_since[attempt.base_snapshot_id]
+        except ValidationException as exc:
+            return str(exc)
+        if reason := _delete_conflict(data, added):
+            return reason
+    data_files = [f for f in live.values() if not f.is_delete]
+    return _uncovered(replaced, data_files, attempt.covered_files)
 
 
 def _deletes_added_since(
@@ -252,14 +270,58 @@ def _delete_conflict(replaced: Sequence[DataFile], added_deletes: Sequence[DataF
     return None
 
 
+def _uncovered(
+    replaced: Sequence[SequencedFile], data_files: Iterable[SequencedFile], covered: Sequence[str] | None
+) -> str | None:
+    """Why replacing these files would bring deleted rows back, or None: an equality delete among
+    them applies (lake.deletes.ApplyingDeletes) to a live data file outside `covered`, the data files
+    the attempt accounted for (converting equality deletes into position deletes computes positions
+    for those files only; a file another engine rewrote keeping an older data sequence number, or
+    a result of another rewrite in the same snapshot, would lose its deletes)."""
+    equality = [f for f in replaced if f.data_file.content == DataFileContent.EQUALITY_DELETES]
+    if not equality:
+        return None
+    index, accounted = ApplyingDeletes(equality), set(covered or ())
+    for data in data_files:
+        if data.data_file.file_path not in accounted and (applying := index.for_data_file(data)):
+            return (
+                f"equality delete file {applying[0].data_file.file_path} still applies to live data file "
+                f"{data.data_file.file_path}, which the attempt did not cover: replacing it would bring "
+                "deleted rows back"
+            )
+    return None
+
+
+@dataclass(frozen=True)
+class _Sequenced:
+    """A file with its data sequence number, as lake.deletes.ApplyingDeletes takes it."""
+
+    data_file: DataFile
+    data_sequence_number: int
+
+    @property
+    def path(self) -> str:
+        return self.data_file.file_path
+
+    @property
+    def is_delete(self) -> bool:
+        return self.data_file.content != DataFileContent.DATA
+
+
 @dataclass(frozen=True)
 class _Rewrite:
-    """One attempt's part of a commit: files replaced, files added, and the base it was planned on."""
+    """One attempt's part of a commit: files replaced, files added (data or delete files), the base
+    it was planned on, and the data files it covered (see _uncovered)."""
 
-    base_snapshot_id: int
+    base_snapshot_id: int | None
     data_sequence_number: int | None  # the base's; None in a format-version-1 table (no sequence numbers)
     replaced: list[DataFile]
     added: list[DataFile]
+    covered: list[str] | None = None
+
+    @property
+    def replaced_data(self) -> list[DataFile]:
+        return [f for f in self.replaced if f.content == DataFileContent.DATA]
 
 
 class _RewriteFiles(_OverwriteFiles):
@@ -269,20 +331,31 @@ class _RewriteFiles(_OverwriteFiles):
     `UpdateSnapshot.replace()`; drop this class for it once released).
 
     Validation, on every commit try (pyiceberg calls `_manifests` again on each of its retries,
-    with the refreshed head as parent): every replaced file is live in the parent, and no position
-    delete file that can apply to one (lake.deletes) was added after its attempt's base snapshot.
-    Rows appended concurrently are no conflict (pyiceberg's own serializable check says they are:
-    `_validate_concurrency` is replaced, since its window starts at the head this producer was
-    created on, not at the attempts' bases).
+    with the refreshed head as parent): every replaced file, data or delete, is live in the parent;
+    no position delete file that can apply to a replaced data file (lake.deletes) was added after
+    its attempt's base snapshot; no replaced equality delete applies to a data file its attempt
+    did not cover (_uncovered). Rows appended concurrently are no conflict (pyiceberg's own
+    serializable check says they are: `_validate_concurrency` is replaced, since its window starts
+    at the head this producer was created on, not at the attempts' bases).
 
-    Added files: one manifest per partition spec, each entry with its attempt's base snapshot's
-    data sequence number (Java's `dataSequenceNumber(startingSnapshot.sequenceNumber())`), so an
-    equality delete committed after the base still applies to the rewritten rows; the file
-    sequence number is inherited (this snapshot's).
+    Dangling deletes, decided on the parent each try: a live delete file that applied to a replaced
+    data file (lake.deletes.ApplyingDeletes, the spec's rule) and, after the swap, applies to no
+    live data file is removed too (DELETED in its delete manifest, counted in the summary). After
+    the swap means: the parent's other data files with their own data sequence numbers, and the
+    added data files with their base's (an equality delete committed after the base applies to
+    them); a position delete never applies to an added file (its path is new). Only deletes that
+    applied to a replaced file are considered, so an unrelated delete is never touched, and a
+    delete another engine removed or made apply again (a file rewritten keeping its old data
+    sequence number) is seen on the next try: recomputed, never resurrected.
 
-    Manifests: merged as Java Iceberg's rewrite does (`commit.manifest-merge.enabled`, default
-    true there, and here), so the one-manifest-per-append trail of a streaming writer is folded
-    up by every compaction instead of making each later read of the table slower.
+    Added files: per partition spec, one data manifest whose entries carry their attempt's base
+    snapshot's data sequence number (Java's `dataSequenceNumber(startingSnapshot.sequenceNumber())`),
+    so an equality delete committed after the base still applies to the rewritten rows, and one
+    delete manifest whose entries inherit this snapshot's; file sequence numbers are inherited.
+
+    Manifests: data manifests merged as Java Iceberg's rewrite does (`commit.manifest-merge.enabled`,
+    default true there, and here), so the one-manifest-per-append trail of a streaming writer is
+    folded up by every compaction instead of making each later read of the table slower.
 
     Manifest entries: read through the process's manifest cache, where the conflict check has
     just put them, and restated from the bytes read where the manifest allows (lake.manifest_io:
@@ -300,6 +373,8 @@ class _RewriteFiles(_OverwriteFiles):
         )
         self._rewrites = list(rewrites)
         self._data_sequence_numbers: dict[str, int | None] = {}
+        self._dangling: list[DataFile] = []  # this try's
+        self._scanned: list[tuple[ManifestFile, ManifestContents, list[int]]] = []  # this try's
         for rewrite in rewrites:
             for data_file in rewrite.replaced:
                 self.delete_data_file(data_file)
@@ -310,11 +385,11 @@ class _RewriteFiles(_OverwriteFiles):
     def _manifests(self) -> list[ManifestFile]:
         self._validate_no_new_deletes()
         self._build_delete_files_partition_predicate()
-        replaced = [(c, p) for _, c, p in self._scan(self._parent_snapshot_id) if p]
-        self._validate_required_deletes([contents.entries[i] for contents, positions in replaced for i in positions])
+        self._scanned = self._scan(self._parent_snapshot_id)
+        removed = [(c, p) for _, c, p in self._scanned if p]
         executor = ExecutorFactory.get_or_create()
         added = executor.submit(self._added_manifests)
-        deleted = executor.submit(self._restated_manifests, replaced, ManifestEntryStatus.DELETED)
+        deleted = executor.submit(self._restated_manifests, removed, ManifestEntryStatus.DELETED)
         existing = executor.submit(self._existing_manifests)
         return self._process_manifests(added.result() + deleted.result() + existing.result())
 
@@ -349,6 +424,14 @@ class _RewriteFiles(_OverwriteFiles):
             avro_compression=self._compression,
         )
 
+    def _new_writer(self, content: ManifestContent, spec: PartitionSpec) -> ManifestWriter:
+        """A manifest writer for data files or for delete files (format version 2: a table with
+        delete files has at least that)."""
+        if content == ManifestContent.DATA:
+            return self.new_manifest_writer(spec)
+        schema, output = self._spec_schema(spec.spec_id), self.new_manifest_output()
+        return _DeleteManifestWriter(spec, schema, output, self._snapshot_id, self._compression)
+
     def _build_delete_files_partition_predicate(self) -> None:
         """The replaced files' partitions, per spec, to skip manifests that cannot hold one: pyiceberg's
         own, except for NaN (its EqualTo(NaN) raises) and infinities (see _value_predicate)."""
@@ -365,49 +448,92 @@ class _RewriteFiles(_OverwriteFiles):
 
     def _validate_no_new_deletes(self) -> None:
         """Raise ValidationException if a position delete added after an attempt's base can apply
-        to one of the files it replaces (the parent is the head this try commits on)."""
+        to one of the data files it replaces (the parent is the head this try commits on)."""
         metadata = self._transaction.table_metadata
         for rewrite in self._rewrites:
+            if not (replaced := rewrite.replaced_data):
+                continue
             added = _deletes_added_since(metadata, self._io, rewrite.base_snapshot_id, self._parent_snapshot_id)
-            if reason := _delete_conflict(rewrite.replaced, added):
+            if reason := _delete_conflict(replaced, added):
                 raise ValidationException(reason)
 
     def _scan(self, snapshot_id: int | None) -> list[tuple[ManifestFile, ManifestContents, list[int]]]:
-        """The snapshot's manifests, each with its cached contents and the positions of the
-        replaced files among them (a manifest pyiceberg's partition evaluator rules out is not
-        read: no replaced file in it)."""
+        """The snapshot's manifests, each with its cached contents and the positions of the files
+        this try removes from it: the replaced files and the dangling deletes (see the class doc).
+        Raises ValidationException if a replaced file is not live, or one replaced equality delete
+        applies to a data file its attempt did not cover.
+
+        Read: the manifests pyiceberg's partition evaluator admits (they may hold a replaced file,
+        or a delete in its partition), the delete manifests of unpartitioned specs (global deletes),
+        and, when a global delete is in question, the data manifests it can apply to (by their
+        minimum sequence number)."""
         snapshot = self._transaction.table_metadata.snapshot_by_id(snapshot_id) if snapshot_id is not None else None
-        if snapshot is None:
-            return []
+        manifests = snapshot.manifests(io=self._io) if snapshot is not None else []
         evaluators = KeyDefaultDict(self._build_manifest_evaluator)
-        scanned = []
-        for manifest in snapshot.manifests(io=self._io):
-            if not evaluators[manifest.partition_spec_id](manifest):
-                scanned.append((manifest, _UNREAD, []))
+        read: dict[int, ManifestContents] = {}
+        for i, manifest in enumerate(manifests):
+            global_deletes = (
+                manifest.content == ManifestContent.DELETES and self.spec(manifest.partition_spec_id).is_unpartitioned()
+            )
+            if global_deletes or evaluators[manifest.partition_spec_id](manifest):
+                read[i] = manifest_contents(manifest, self._io)
+        files = {f.path: f for contents in read.values() for f in _sequenced(contents)}
+        replaced = {f.file_path for f in self._deleted_data_files}
+        if missing := sorted(replaced - files.keys()):
+            raise ValidationException(f"Missing required files to delete: {', '.join(missing)}")
+        deletes = ApplyingDeletes(f for f in files.values() if f.is_delete and f.path not in replaced)
+        replaced_data = [files[p] for p in replaced if not files[p].is_delete]
+        candidates = {d.path: d for data in replaced_data for d in deletes.for_data_file(data)}
+        # a global delete (candidate, or replaced equality delete) can apply to data files of any partition
+        in_question = [
+            *candidates.values(),
+            *(files[p] for p in replaced if files[p].data_file.content == DataFileContent.EQUALITY_DELETES),
+        ]
+        upto = max((f.data_sequence_number for f in in_question if len(f.data_file.partition) == 0), default=-1)
+        for i, manifest in enumerate(manifests):
+            if i in read or manifest.content != ManifestContent.DATA or (manifest.min_sequence_number or 0) > upto:
                 continue
-            contents = manifest_contents(manifest, self._io)
-            positions = [
-                i
-                for i, entry in enumerate(contents.entries)
-                if entry.data_file.content == DataFileContent.DATA and entry.data_file in self._deleted_data_files
-            ]
-            scanned.append((manifest, contents, positions))
-        return scanned
+            read[i] = manifest_contents(manifest, self._io)
+            files.update((f.path, f) for f in _sequenced(read[i]))
+        remaining = [f for f in files.values() if not f.is_delete and f.path not in replaced]
+        results = [
+            _Sequenced(f, self._data_sequence_numbers[f.file_path] or 0)
+            for f in self._added_data_files
+            if f.content == DataFileContent.DATA
+        ]
+        for rewrite in self._rewrites:
+            sources = [files[f.file_path] for f in rewrite.replaced]
+            if reason := _uncovered(sources, [*remaining, *results], rewrite.covered):
+                raise ValidationException(reason)
+        self._dangling = [d.data_file for d in _dangling(list(candidates.values()), remaining, results)]
+        removed = replaced | {f.file_path for f in self._dangling}
+        return [
+            (
+                manifest,
+                read.get(i, _UNREAD),
+                [j for j, e in enumerate(read[i].entries) if e.data_file.file_path in removed] if i in read else [],
+            )
+            for i, manifest in enumerate(manifests)
+        ]
 
     def _added_manifests(self) -> list[ManifestFile]:
-        """The added files, one manifest per their own partition spec, with their data sequence numbers."""
-        by_spec: dict[int, list[DataFile]] = {}
+        """The added files, one manifest per content and partition spec: data files with their data
+        sequence numbers, delete files inheriting this snapshot's."""
+        groups: dict[tuple[ManifestContent, int], list[DataFile]] = {}
         for data_file in self._added_data_files:
-            by_spec.setdefault(data_file.spec_id, []).append(data_file)
+            content = ManifestContent.DATA if data_file.content == DataFileContent.DATA else ManifestContent.DELETES
+            groups.setdefault((content, data_file.spec_id), []).append(data_file)
         manifests = []
-        for spec_id, data_files in by_spec.items():
-            with self.new_manifest_writer(spec=self.spec(spec_id)) as writer:
+        for (content, spec_id), data_files in groups.items():
+            with self._new_writer(content, self.spec(spec_id)) as writer:
                 for data_file in data_files:
                     writer.add_entry(
                         ManifestEntry.from_args(
                             status=ManifestEntryStatus.ADDED,
                             snapshot_id=self._snapshot_id,
-                            sequence_number=self._data_sequence_numbers[data_file.file_path],
+                            sequence_number=self._data_sequence_numbers[data_file.file_path]
+                            if content == ManifestContent.DATA
+                            else None,
                             file_sequence_number=None,
                             data_file=data_file,
                         )
@@ -419,17 +545,23 @@ class _RewriteFiles(_OverwriteFiles):
         self, parts: list[tuple[ManifestContents, list[int]]], status: ManifestEntryStatus
     ) -> list[ManifestFile]:
         """The entries at the given positions restated with `status` (DELETED: this snapshot's id;
-        EXISTING: their own), one manifest per source header (restatable) or per spec (the rest)."""
+        EXISTING: their own), one manifest per source header (restatable) or per content and spec
+        (the rest)."""
         deleted = status == ManifestEntryStatus.DELETED
         by_header: dict[str, list[tuple[ManifestContents, list[int]]]] = {}
-        by_spec: dict[int, list[ManifestEntry]] = {}
+        by_spec: dict[tuple[ManifestContent, int], list[ManifestEntry]] = {}
         for contents, positions in parts:
             if contents.restatable:
                 by_header.setdefault(json.dumps(contents.header, sort_keys=True), []).append((contents, positions))
             else:
                 for i in positions:
                     entry = contents.entries[i]
-                    by_spec.setdefault(entry.data_file.spec_id, []).append(entry)
+                    content = (
+                        ManifestContent.DATA
+                        if entry.data_file.content == DataFileContent.DATA
+                        else ManifestContent.DELETES
+                    )
+                    by_spec.setdefault((content, entry.data_file.spec_id), []).append(entry)
         manifests = []
         for group in by_header.values():
             first, positions = group[0]
@@ -437,19 +569,18 @@ class _RewriteFiles(_OverwriteFiles):
             output = self.new_manifest_output()
             schema = self._spec_schema(spec.spec_id)
             manifests.append(write_restated(output, group, status, self._snapshot_id, spec, schema))
-        for spec_id, entries in by_spec.items():
-            with self.new_manifest_writer(self.spec(spec_id)) as writer:
+        for (content, spec_id), entries in by_spec.items():
+            with self._new_writer(content, self.spec(spec_id)) as writer:
                 for entry in entries:
                     writer.add_entry(_restated(entry, status, self._snapshot_id if deleted else entry.snapshot_id))
             manifests.append(writer.to_manifest_file())
         return manifests
 
     def _existing_manifests(self) -> list[ManifestFile]:
-        """pyiceberg's logic: untouched manifests are kept as they are; one that held replaced
-        files is written again with the rest of its entries, EXISTING."""
-        head = self._transaction.table_metadata.snapshot_by_name(name=self._target_branch)
+        """pyiceberg's logic on this try's scan: untouched manifests are kept as they are; one that
+        held removed files is written again with the rest of its entries, EXISTING."""
         kept = []
-        for manifest, contents, positions in self._scan(head.snapshot_id if head else None):
+        for manifest, contents, positions in self._scanned:
             if not positions:
                 kept.append(manifest)
             elif remaining := sorted(set(range(len(contents.entries))) - set(positions)):
@@ -476,7 +607,8 @@ class _RewriteFiles(_OverwriteFiles):
 
     def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
         """Java's snapshot summary for a rewrite: what was added and removed (each file counted in
-        its own spec's partition), and the parent's totals carried forward."""
+        its own spec's partition; dangling deletes among the removed), and the parent's totals
+        carried forward."""
         metadata = self._transaction.table_metadata
         specs = metadata.specs()
         limit = property_as_int(
@@ -485,13 +617,14 @@ class _RewriteFiles(_OverwriteFiles):
             TableProperties.WRITE_PARTITION_SUMMARY_LIMIT_DEFAULT,
         )
         collector = SnapshotSummaryCollector(partition_summary_limit=limit or 0)
+        removed = [*self._deleted_data_files, *self._dangling]
         for data_file in self._added_data_files:
             collector.add_file(data_file, self._spec_schema(data_file.spec_id), specs[data_file.spec_id])
-        for data_file in self._deleted_data_files:
+        for data_file in removed:
             collector.remove_file(data_file, self._spec_schema(data_file.spec_id), specs[data_file.spec_id])
         changes = collector.build()
         # Java counts the unpartitioned spec's one partition (path ""); pyiceberg's collector skips it
-        files = [*self._added_data_files, *self._deleted_data_files]
+        files = [*self._added_data_files, *removed]
         if changed := len(collector.partition_metrics) + any(len(f.partition) == 0 for f in files):
             changes[CHANGED_PARTITION_COUNT_PROP] = str(changed)
         parent = metadata.snapshot_by_id(self._parent_snapshot_id) if self._parent_snapshot_id is not None else None
@@ -499,6 +632,30 @@ class _RewriteFiles(_OverwriteFiles):
         previous = None if parent is None else parent.summary if parent.summary is not None else {}
         totals = _carried_totals(previous, changes)
         return Summary(operation=self._operation, **changes, **totals, **snapshot_properties)
+
+
+def _sequenced(contents: ManifestContents) -> list[_Sequenced]:
+    return [_Sequenced(e.data_file, e.sequence_number or 0) for e in contents.entries]
+
+
+def _dangling(
+    candidates: Sequence[_Sequenced], remaining: Iterable[_Sequenced], results: Iterable[_Sequenced]
+) -> list[_Sequenced]:
+    """The candidate delete files that apply (ApplyingDeletes) to none of the remaining data files
+    nor, for equality deletes, to the added ones (a position delete names paths the results lack)."""
+    if not candidates:
+        return []
+    index = ApplyingDeletes(candidates)
+    applying: set[str] = set()
+    for data in remaining:
+        applying.update(d.data_file.file_path for d in index.for_data_file(data))
+    for data in results:
+        applying.update(
+            d.data_file.file_path
+            for d in index.for_data_file(data)
+            if d.data_file.content == DataFileContent.EQUALITY_DELETES
+        )
+    return [d for d in candidates if d.path not in applying]
 
 
 def _value_predicate(name: str, value: Any) -> BooleanExpression:
@@ -560,15 +717,19 @@ def _commit_once(table: Table, attempts: Sequence[Attempt], live: dict[str, Data
     metadata = table.metadata
     rewrites = []
     for attempt in attempts:
+        replaced = [live[p] for p in attempt.source_files]
+        added = [datafile_from_json(doc) for doc in attempt.result_files]
         base = metadata.snapshot_by_id(attempt.base_snapshot_id) if attempt.base_snapshot_id is not None else None
-        if base is None:  # _conflict rolled such attempts back; the base expired in between
+        if base is None and any(f.content == DataFileContent.DATA for f in [*replaced, *added]):
+            # _conflict rolled such attempts back; the base expired in between
             raise ValidationException(f"base snapshot {attempt.base_snapshot_id} of {attempt.attempt_id} is gone")
         rewrites.append(
             _Rewrite(
-                base_snapshot_id=base.snapshot_id,
-                data_sequence_number=base.sequence_number if metadata.format_version >= 2 else None,
-                replaced=[live[p] for p in attempt.source_files],
-                added=[datafile_from_json(doc) for doc in attempt.result_files],
+                base_snapshot_id=attempt.base_snapshot_id,
+                data_sequence_number=None if base is None or metadata.format_version < 2 else base.sequence_number,
+                replaced=replaced,
+                added=added,
+                covered=attempt.covered_files,
             )
         )
     txn = table.transaction()
@@ -577,22 +738,73 @@ def _commit_once(table: Table, attempts: Sequence[Attempt], live: dict[str, Data
     txn.commit_transaction()
 
 
-def confirm_committed(table: Table, ledger: Ledger, attempt: Attempt, snapshot_id: int | None = None) -> Attempt:
+def confirm_committed(
+    table: Table,
+    ledger: Ledger,
+    attempt: Attempt,
+    snapshot_id: int | None = None,
+    peers: Mapping[str, Attempt] | None = None,
+) -> Attempt:
     """Mark COMMITTED, with the snapshot that carries the attempt (or `snapshot_id`, when recovery
-    found its result files committed by a snapshot since expired), and sweep its stray files."""
+    found its result files committed by a snapshot since expired) and the delete files that
+    snapshot removed on its account (removed_deletes; `peers`: attempts it may share the snapshot
+    with, else read from the ledger), and sweep its stray files."""
     if snapshot_id is None:
         snapshot = commit_snapshot(table, attempt)
         if snapshot is None:
             raise RuntimeError(f"attempt {attempt.attempt_id}: no snapshot of table {attempt.table_name} carries it")
         snapshot_id = snapshot.snapshot_id
+    else:
+        snapshot = table.metadata.snapshot_by_id(snapshot_id)
     try:
-        committed = ledger.mark_committed(attempt.attempt_id, snapshot_id)
+        removed = [] if snapshot is None else removed_deletes(table, ledger, snapshot, attempt, peers or {})
+    except Exception as exc:  # a figure for the report must not make a landed commit's outcome unknown
+        log.warning("attempt %s: cannot tell which delete files its commit removed: %s", attempt.attempt_id, exc)
+        removed = []
+    try:
+        committed = ledger.mark_committed(attempt.attempt_id, snapshot_id, removed)
     except StaleAttempt:
         committed = ledger.get(attempt.attempt_id)
         if committed is None or committed.status != Status.COMMITTED:
             raise
     sweep_untracked(table, ledger, attempt, keep={d["file_path"] for d in attempt.result_files})
     return committed
+
+
+def removed_deletes(
+    table: Table, ledger: Ledger, snapshot: Snapshot, attempt: Attempt, peers: Mapping[str, Attempt]
+) -> list[str]:
+    """Paths of the delete files `snapshot` removed (DELETED entries it wrote into delete manifests)
+    on `attempt`'s account. Each goes to one of the attempts the snapshot commits, the first (in its
+    `compaction.attempt-id` order) that replaced it, else that replaced the data file it references,
+    else of its partition key, else the first: a delete that several partitions shared (a global
+    one) is counted once."""
+    summary = snapshot.summary
+    ids = ((summary[ATTEMPT_ID_PROPERTY] or "") if summary is not None else "").split(",")
+    if summary is None or not summary[REMOVED_DELETE_FILES] or attempt.attempt_id not in ids:
+        return []
+    removed = [
+        e.data_file
+        for m in snapshot.manifests(table.io)
+        if m.content == ManifestContent.DELETES and m.added_snapshot_id == snapshot.snapshot_id
+        for e in m.fetch_manifest_entry(table.io, discard_deleted=False)
+        if e.status == ManifestEntryStatus.DELETED and e.snapshot_id == snapshot.snapshot_id
+    ]
+    attempts = [a for i in ids if (a := attempt if i == attempt.attempt_id else peers.get(i) or ledger.get(i))]
+
+    def owner(delete_file: DataFile) -> Attempt:
+        referenced = referenced_data_file(delete_file)
+        key = partition_key(table, delete_file) if delete_file.spec_id in table.specs() else None
+        for rule in (
+            lambda a: delete_file.file_path in a.source_files,
+            lambda a: referenced is not None and referenced in a.source_files,
+            lambda a: a.partition_key == key,
+        ):
+            if matched := next((a for a in attempts if rule(a)), None):
+                return matched
+        return attempts[0]
+
+    return [d.file_path for d in removed if owner(d).attempt_id == attempt.attempt_id]
 
 
 def roll_back(table: Table, ledger: Ledger, attempt: Attempt, reason: str) -> BackOff:

@@ -10,8 +10,8 @@ and restating encodes the four fields and copies those bytes behind them, into a
 carries the source manifest's own header (Avro schema, Iceberg metadata, codec): the copied bytes
 decode under the schema that wrote them, whichever engine wrote it.
 
-Only manifests whose entries have the format-version-2 layout are restated this way
-(`ManifestContents.header` is None otherwise); the others go through pyiceberg's writer.
+Only manifests whose entries have the format-version-2 layout, data or delete manifests, are
+restated this way (`ManifestContents.header` is None otherwise); the others go through a writer.
 """
 
 from __future__ import annotations
@@ -110,7 +110,8 @@ def write_restated(
 
     DELETED entries get `snapshot_id`, EXISTING ones keep their own; sequence numbers are kept,
     written out.
-    Returns its manifest-list entry, counted as pyiceberg's ManifestWriter counts.
+    Returns its manifest-list entry (content as the header says), counted as pyiceberg's
+    ManifestWriter counts.
     """
     first = parts[0][0].header
     if first is None or any(contents.header != first for contents, _ in parts):
@@ -165,7 +166,7 @@ def write_restated(
         manifest_path=output.location,
         manifest_length=len(data),
         partition_spec_id=spec.spec_id,
-        content=ManifestContent.DATA,
+        content=ManifestContent.DELETES if first.get("content") == "deletes" else ManifestContent.DATA,
         sequence_number=UNASSIGNED_SEQ,
         min_sequence_number=min(sequence_numbers, default=UNASSIGNED_SEQ),
         added_snapshot_id=snapshot_id,
@@ -181,7 +182,7 @@ def write_restated(
 
 
 def _has_v2_layout(meta: dict[str, str]) -> bool:
-    if meta.get("format-version") != "2" or meta.get("content", "data") != "data":
+    if meta.get("format-version") != "2" or meta.get("content", "data") not in ("data", "deletes"):
         return False
     try:
         fields = json.loads(meta["avro.schema"])["fields"]
