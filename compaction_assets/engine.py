@@ -24,6 +24,7 @@ from compaction_assets.commit.two_phase import CommitResult, abandon, commit_tog
 from compaction_assets.config import CompactionConfig
 from compaction_assets.errors import BackOff, CompactionError
 from compaction_assets.execution import polars_rewrite
+from compaction_assets.execution.delete_tiers import TierJob, TierOutcome, TierRun, run_tiers
 from compaction_assets.execution.packing import pack_tasks
 from compaction_assets.execution.rewrite import run_rewrite
 from compaction_assets.execution.spark import spark_session
@@ -144,34 +145,35 @@ class Engine:
         table = load_table(self.catalog, table_name)
         tplan, files = self._plan(table, table_name, partition)
         outcomes = [_skipped(table_name, p) for p in tplan.partitions if not p.worth_compacting]
-        outcomes += [
-            _skipped(table_name, p, f"tier {p.kind} planned; not executed by this build")
-            for p in tplan.to_compact
-            if p.is_tier
-        ]
-        todo = [p for p in tplan.to_compact if not p.is_tier]
+        todo = tplan.to_compact
         if not todo:
             return outcomes
         log.info(
-            "%s: compacting %d partition(s): %s", table_name, len(todo), ", ".join(p.partition_key or "-" for p in todo)
+            "%s: compacting %d partition(s): %s",
+            table_name,
+            len(todo),
+            ", ".join(f"{p.partition_key or '-'} ({p.kind})" for p in todo),
         )
         crash_point("after_plan")
         with Heartbeat(self.ledger, self.config.state.heartbeat_seconds) as heartbeat:
-            work, job = self._begin(table, table_name, tplan, files, todo, task_id)
-            for item in work:
+            work, job, tiers, tier_run = self._begin(table, table_name, tplan, files, todo, task_id)
+            for item in [*work, *tiers]:
                 heartbeat.track(item.attempt.attempt_id)
             planned = time.monotonic()
             try:
-                results = run_rewrite(self._spark_factory(), job)
+                spark = self._spark_factory()
+                results = run_rewrite(spark, job) if job.groups else {}
+                tier_results = run_tiers(spark, tier_run)
             except Exception as exc:
                 message = _first_line(exc)
-                for item in work:
+                for item in [*work, *tiers]:
                     self._abandon(table, item.attempt, f"rewrite job failed: {message}")
                 raise CompactionError(f"{table_name}: rewrite job failed: {message}") from exc
             crash_point("after_rewrite")
             rewritten = time.monotonic()
             finished = [self._prepare(table, item, [results[i] for i in item.groups]) for item in work]
-            self._commit(table, list(zip(work, finished, strict=True)))
+            finished += [self._prepare_tier(table, item, tier_results[i]) for i, item in enumerate(tiers)]
+            self._commit(table, list(zip([*work, *tiers], finished, strict=True)))
             seconds = time.monotonic() - started
             for outcome in finished:
                 outcome.seconds = seconds
@@ -186,9 +188,10 @@ class Engine:
                         outcome.engine,
                     )
             log.info(
-                "%s: %d group(s): planned in %.2fs, rewritten in %.2fs, committed in %.2fs",
+                "%s: %d group(s), %d tier job(s): planned in %.2fs, rewritten in %.2fs, committed in %.2fs",
                 table_name,
                 len(job.groups),
+                len(tier_run.jobs),
                 planned - started,
                 rewritten - planned,
                 time.monotonic() - rewritten,
@@ -238,16 +241,103 @@ class Engine:
         files: dict[str, LiveFile],
         todo: list[PartitionPlan],
         task_id: str | None,
-    ) -> tuple[list[_Work], RewriteJob]:
-        """Begin one attempt per partition and build the job. If anything raises meanwhile, the
-        attempts already begun are abandoned (FAILED, with the error) before it propagates."""
+    ) -> tuple[list[_Work], RewriteJob, list[_Work], TierRun]:
+        """Begin one attempt per partition and build the rewrite job (data rewrites) and the tier
+        run (delete-file tiers). If anything raises meanwhile, the attempts already begun are
+        abandoned (FAILED, with the error) before it propagates."""
         work: list[_Work] = []
+        tiers: list[_Work] = []
         try:
-            return work, self._build_job(table, table_name, tplan, files, todo, task_id, work)
+            rewrites = [p for p in todo if not p.is_tier]
+            job = self._build_job(table, table_name, tplan, files, rewrites, (task_id, len(todo)), work)
+            tier_plans = [p for p in todo if p.is_tier]
+            tier_run = self._build_tiers(table, table_name, tplan, files, tier_plans, (task_id, len(todo)), tiers)
+            return work, job, tiers, tier_run
         except Exception as exc:
-            for item in work:
+            for item in [*work, *tiers]:
                 self._abandon(table, item.attempt, f"could not start the rewrite: {_first_line(exc)}")
             raise
+
+    def _build_tiers(
+        self,
+        table: Table,
+        table_name: str,
+        tplan: TablePlan,
+        files: dict[str, LiveFile],
+        todo: list[PartitionPlan],
+        task: tuple[str | None, int],
+        tiers: list[_Work],
+    ) -> TierRun:
+        """Fill `tiers` with an attempt per delete-file tier plan, and return their Spark run.
+        The attempt replaces the plan's delete files; a conversion also records (when it ends)
+        the data files it covered, which the commit checks the replaced deletes against."""
+        data_path = load_location_provider(table.location(), table.properties).data_path
+        jobs: list[TierJob] = []
+        for plan in todo:
+            out_dir = f"{data_path}/{plan.partition_key}" if plan.partition_key else data_path
+            deletes = [files[p] for p in plan.delete_paths]
+            attempt = self.ledger.begin(
+                task_id=_task_id(*task, plan),
+                table_name=table_name,
+                partition_key=plan.partition_key,
+                kind=str(plan.kind),
+                base_snapshot_id=tplan.snapshot_id,
+                source_files=list(plan.delete_paths),
+                output_dirs=[out_dir],
+                rows_in=sum(d.record_count for d in deletes),
+                bytes_in=sum(d.size for d in deletes),
+            )
+            tiers.append(_Work(plan, attempt))
+            if plan.kind == Kind.CONVERT_EQUALITY_DELETES:
+                covered = [files[p] for p in plan.covered_data_paths]
+                jobs.append(TierJob.convert(covered, deletes, out_dir, attempt.attempt_id))
+            else:
+                pid = deletes[0].partition_id
+                same_partition = [f for f in files.values() if not f.is_delete and f.partition_id == pid]
+                jobs.append(TierJob.rewrite(same_partition, deletes, out_dir, attempt.attempt_id))
+        return TierRun(_slim_metadata_json(table), dict(table.io.properties), tplan.policy.target_file_size_bytes, jobs)
+
+    def _prepare_tier(self, table: Table, item: _Work, result: TierOutcome) -> PartitionOutcome:
+        """Precommit one tier attempt: its position-delete files are durable; PREPARED with them
+        (and, for a conversion, the data files it covered)."""
+        plan, attempt = item.plan, item.attempt
+        outcome = PartitionOutcome(
+            table_name=attempt.table_name,
+            partition_key=plan.partition_key,
+            status="failed",
+            reason="",
+            kind=str(plan.kind),
+            task_id=attempt.task_id,
+            attempt_id=attempt.attempt_id,
+            files_before=plan.stats.data_files,
+            files_after=plan.stats.data_files,
+            bytes_before=plan.stats.data_bytes,
+            bytes_after=plan.stats.data_bytes,
+            bytes_rewritten=result.bytes_read,
+            rows=plan.stats.records,
+            peak_worker_rss=result.peak_rss,
+            engine="arrow",
+        )
+        if result.error:
+            outcome.reason = self._abandon(table, attempt, result.error)
+            return outcome
+        written = result.delete_files
+        covered = result.covered_data_files if plan.kind == Kind.CONVERT_EQUALITY_DELETES else None
+        try:
+            item.attempt = self.ledger.prepare(
+                attempt.attempt_id,
+                [datafile_to_json(f) for f in written],
+                result.rows_written,
+                sum(f.file_size_in_bytes for f in written),
+                covered_files=covered,
+            )
+        except StaleAttempt as exc:
+            outcome.reason = self._abandon(table, attempt, f"stale: {exc}")
+            return outcome
+        crash_point("after_prepare")
+        outcome.status = "prepared"
+        outcome.files_written = len(written)
+        return outcome
 
     def _build_job(
         self,
@@ -256,7 +346,7 @@ class Engine:
         tplan: TablePlan,
         files: dict[str, LiveFile],
         todo: list[PartitionPlan],
-        task_id: str | None,
+        task: tuple[str | None, int],
         work: list[_Work],
     ) -> RewriteJob:
         """Fill `work` with an attempt per partition as each is begun, and return the job."""
@@ -266,7 +356,7 @@ class Engine:
         for plan in todo:
             out_dir = f"{data_path}/{plan.partition_key}" if plan.partition_key else data_path
             attempt = self.ledger.begin(
-                task_id=_task_id(task_id, plan, len(todo)),
+                task_id=_task_id(*task, plan),
                 table_name=table_name,
                 partition_key=plan.partition_key,
                 kind=str(plan.kind),
@@ -394,7 +484,13 @@ class Engine:
             else:
                 outcome.delete_files_removed = len(result.removed_deletes)
                 outcome.status = "committed"
-                outcome.reason = f"{item.plan.input_files} file(s) -> {outcome.files_written} file(s)"
+                if item.plan.is_tier:
+                    outcome.reason = (
+                        f"{len(item.plan.delete_paths)} delete file(s) -> {outcome.files_written} "
+                        f"position-delete file(s) ({result.rows_out} row(s))"
+                    )
+                else:
+                    outcome.reason = f"{item.plan.input_files} file(s) -> {outcome.files_written} file(s)"
                 if outcome.deletes_applied:
                     outcome.reason += (
                         f", {outcome.deletes_applied} delete file(s) applied ({outcome.rows_deleted} row(s) deleted)"
@@ -442,7 +538,8 @@ def _sources(
     return sources, specs
 
 
-def _task_id(task_id: str | None, plan: PartitionPlan, partitions: int) -> str:
+def _task_id(task_id: str | None, partitions: int, plan: PartitionPlan) -> str:
+    """The caller's task id (a Dagster run's id), made per partition when the run has several."""
     if task_id is None:
         return uuid.uuid4().hex
     return task_id if partitions == 1 else f"{task_id}:{plan.partition_key}"
