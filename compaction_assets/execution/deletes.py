@@ -1,0 +1,360 @@
+"""Applying a group's delete files to its source rows while they stream (merge-on-read).
+
+The driver lists, per source, the delete files that apply to it (lake.deletes.ApplyingDeletes);
+`GroupDeletes.apply` removes the rows they delete from each batch the SourceReader yields, the
+batch already projected onto the current table schema (columns carry their Iceberg field ids):
+- **position deletes**: rows of the delete files whose `file_path` is the source's path, at those
+  0-based positions. Each position-delete file is read once per group, filtered to the group's
+  paths; a source's positions are kept as one sorted, deduplicated int64 array.
+- **equality deletes**: a row is deleted if its `equality_ids` columns equal, with SQL null-safe
+  equality (NULL equals NULL), a row of an applying equality-delete file. Delete values are read
+  by field id and cast to the column's current type. All delete files of the group with the same
+  set of equality ids share one deduplicated key index, built once, with for each key the delete
+  files that hold it; a source then looks up its rows in it and keeps a key only if one of the
+  files applying to it holds that key (a byte per key, cached per distinct set of files).
+  One integer-like column is matched exactly on a sorted array (`np.searchsorted`); other keys by
+  a 64-bit row hash (Polars `hash_rows`) on a sorted hash array, every hash match verified value by
+  value, so a collision never deletes a row. Memory: the keys once (1 M long keys ~ 30 MB), not a
+  copy per source or per batch; lookups cost O(rows log keys) and never rebuild a hash table.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+from pyiceberg.io import FileIO
+from pyiceberg.io.pyarrow import schema_to_pyarrow
+from pyiceberg.manifest import DataFileContent
+from pyiceberg.schema import Schema
+from pyiceberg.table.name_mapping import NameMapping
+
+from compaction_assets.errors import InputFileError
+
+FIELD_ID = b"PARQUET:field_id"
+FILE_PATH_ID = 2147483546  # the reserved field ids of a position-delete file's columns (Iceberg spec)
+POS_ID = 2147483545
+HASH_SEED = 0x1CEBE6
+ACTIVE_CACHE = 8  # per-key "applies" masks kept per key index (one per distinct set of delete files)
+
+
+class DeleteFileError(InputFileError):
+    """A delete file cannot be applied (unreadable, or keyed on a column the table no longer has)."""
+
+
+class GroupDeletes:
+    """The delete files of one group, applied per source batch (see the module doc).
+
+    `sources` are SourceFile-like (path, deletes: indices into `deletes`), `deletes` DeleteSpec-like
+    (path, content, equality_ids). Raises DeleteFileError at once for an equality delete keyed on a
+    field id the current schema lacks, or on a nested field.
+    """
+
+    def __init__(
+        self, io: FileIO, schema: Schema, name_mapping: NameMapping | None, sources: Sequence, deletes: Sequence
+    ) -> None:
+        self._io = io
+        self._deletes = deletes
+        self._name_mapping = name_mapping
+        self._sources = {s.path: s for s in sources}
+        self.rows_deleted = 0
+        self._positions: dict[str, np.ndarray] | None = None  # loaded on first use, for every source at once
+        self._indexes: dict[tuple[int, ...], _KeyIndex] = {}
+        top_level = {f.field_id: f for f in schema.fields}
+        for spec in deletes:
+            if spec.content != DataFileContent.EQUALITY_DELETES:
+                continue
+            for field_id in spec.equality_ids or ():
+                if field_id in top_level:
+                    continue
+                where = "a nested field" if schema._lazy_id_to_name.get(field_id) else "no column of the current schema"
+                raise DeleteFileError(
+                    f"equality delete file {spec.path} matches on field id {field_id}, which is {where}: "
+                    "it cannot be applied"
+                )
+            if not spec.equality_ids:
+                raise DeleteFileError(f"equality delete file {spec.path} has no equality_ids")
+        self._fields = top_level
+
+    def apply(self, source, start: int, batch: pa.RecordBatch) -> pa.RecordBatch:  # noqa: ANN001 - SourceFile
+        """`batch` (rows `start`.. of `source`, in the output schema) without its deleted rows."""
+        if not source.deletes or batch.num_rows == 0:
+            return batch
+        deleted: np.ndarray | None = None
+        if any(self._deletes[i].content == DataFileContent.POSITION_DELETES for i in source.deletes):
+            positions = self._source_positions(source.path)
+            lo, hi = np.searchsorted(positions, [start, start + batch.num_rows])
+            if hi > lo:
+                deleted = np.zeros(batch.num_rows, dtype=bool)
+                deleted[positions[lo:hi] - start] = True
+        by_ids: dict[tuple[int, ...], list[int]] = {}
+        for i in source.deletes:
+            if self._deletes[i].content == DataFileContent.EQUALITY_DELETES:
+                by_ids.setdefault(_ids_key(self._deletes[i].equality_ids), []).append(i)
+        for ids, applying in by_ids.items():
+            index = self._indexes.get(ids)
+            if index is None:
+                index = self._indexes[ids] = self._build_index(ids)
+            hit = index.deleted(_key_columns(batch, ids), frozenset(applying))
+            deleted = hit if deleted is None else deleted | hit
+        if deleted is None:
+            return batch
+        removed = int(deleted.sum())
+        if removed == 0:
+            return batch
+        self.rows_deleted += removed
+        return batch.filter(pa.array(~deleted))
+
+    # position deletes
+
+    def _source_positions(self, path: str) -> np.ndarray:
+        if self._positions is None:
+            self._positions = self._load_positions()
+        return self._positions.get(path, _EMPTY)
+
+    def _load_positions(self) -> dict[str, np.ndarray]:
+        """Every position-delete file of the group read once, only its rows for the group's sources."""
+        wanted: dict[int, list[str]] = {}
+        for source in self._sources.values():
+            for i in source.deletes:
+                if self._deletes[i].content == DataFileContent.POSITION_DELETES:
+                    wanted.setdefault(i, []).append(source.path)
+        found: dict[str, list[np.ndarray]] = {}
+        for i, paths in wanted.items():
+            spec = self._deletes[i]
+            try:
+                table = self._read(spec.path, {FILE_PATH_ID: "file_path", POS_ID: "pos"}, paths)
+            except (OSError, pa.ArrowException) as exc:
+                raise _unreadable(spec.path, exc) from exc
+            if table.num_rows == 0:
+                continue
+            codes, uniques = _path_codes(table.column(0))
+            pos = table.column(1).to_numpy()
+            order = np.argsort(codes, kind="stable")
+            bounds = np.searchsorted(codes[order], np.arange(len(uniques) + 1))
+            for k, path in enumerate(uniques):
+                found.setdefault(path, []).append(pos[order[bounds[k] : bounds[k + 1]]])
+        return {path: np.unique(np.concatenate(parts)).astype(np.int64) for path, parts in found.items()}
+
+    def _read(self, path: str, columns: dict[int, str], paths: list[str] | None = None) -> pa.Table:
+        """Columns of a delete file by field id (else the spec's name, else the table's name
+        mapping), named by field id; rows filtered to `paths` on the file_path column if given."""
+        with self._io.new_input(path).open() as stream:
+            fragment = ds.ParquetFileFormat().make_fragment(stream)
+            physical = fragment.physical_schema
+            names = [self._column_name(physical, field_id, fallback, path) for field_id, fallback in columns.items()]
+            row_filter = None
+            if paths is not None:
+                row_filter = pc.field(names[0]).isin(pa.array(paths, physical.field(names[0]).type))
+            table = fragment.to_table(columns=names, filter=row_filter, use_threads=False)
+        return table.rename_columns([str(i) for i in columns])
+
+    def _column_name(self, physical: pa.Schema, field_id: int, fallback: str | None, path: str) -> str:
+        for f in physical:
+            if f.metadata and f.metadata.get(FIELD_ID) == str(field_id).encode():
+                return f.name
+        if fallback is not None and fallback in physical.names:
+            return fallback
+        if self._name_mapping is not None:
+            for mapped in self._name_mapping:
+                if mapped.field_id == field_id:
+                    for name in mapped.names:
+                        if name in physical.names:
+                            return name
+        raise DeleteFileError(f"delete file {path} has no column for field id {field_id}")
+
+    # equality deletes
+
+    def _build_index(self, ids: tuple[int, ...]) -> _KeyIndex:
+        types = [schema_to_pyarrow(Schema(self._fields[i])).field(0).type for i in ids]
+        parts: list[tuple[int, pa.Table]] = []
+        for i, spec in enumerate(self._deletes):
+            if spec.content != DataFileContent.EQUALITY_DELETES or _ids_key(spec.equality_ids) != ids:
+                continue
+            try:
+                table = self._read(spec.path, dict.fromkeys(ids))
+                table = pa.table(
+                    [c.cast(t) for c, t in zip(table.columns, types, strict=True)], names=table.column_names
+                )
+            except (OSError, pa.ArrowException) as exc:
+                raise _unreadable(spec.path, exc) from exc
+            parts.append((i, table))
+        if len(ids) == 1 and _integer_like(types[0]):
+            return _IntegerKeys(parts, types)
+        return _HashedKeys(parts, types)
+
+
+_EMPTY = np.empty(0, dtype=np.int64)
+_EMPTY_FILES = np.empty(0, dtype=np.int32)
+
+
+def _ids_key(equality_ids: Sequence[int] | None) -> tuple[int, ...]:
+    """Equality ids as a set (the order of a file's columns does not change what it deletes)."""
+    return tuple(sorted(equality_ids or ()))
+
+
+def _key_columns(batch: pa.RecordBatch, ids: tuple[int, ...]) -> list[pa.Array]:
+    by_id = {}
+    for index, f in enumerate(batch.schema):
+        if f.metadata and FIELD_ID in f.metadata:
+            by_id[int(f.metadata[FIELD_ID])] = index
+    try:
+        return [batch.column(by_id[i]) for i in ids]
+    except KeyError as exc:
+        raise DeleteFileError(f"the rows being rewritten have no column for field id {exc.args[0]}") from None
+
+
+def _path_codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
+    encoded = pc.dictionary_encode(column.combine_chunks())
+    return encoded.indices.to_numpy(zero_copy_only=False), encoded.dictionary.to_pylist()
+
+
+def _integer_like(t: pa.DataType) -> bool:
+    return (
+        pa.types.is_integer(t)
+        or pa.types.is_boolean(t)
+        or pa.types.is_date(t)
+        or pa.types.is_time(t)
+        or pa.types.is_timestamp(t)
+    )
+
+
+def _unreadable(path: str, exc: Exception) -> DeleteFileError:
+    return DeleteFileError(f"cannot read delete file {path}: {type(exc).__name__}: {exc}")
+
+
+class _KeyIndex:
+    """Distinct keys (slots 0..slots-1), the delete files holding each, and per-set masks.
+
+    A lookup gives each row its key's slot, or `slots` ("no key": the masks' trailing False)."""
+
+    def __init__(self, pair_slot: np.ndarray, pair_file: np.ndarray, slots: int) -> None:
+        self._pair_slot = pair_slot  # int64: the slot of each distinct (key, delete file) pair
+        self._pair_file = pair_file  # int32: the delete (index into the group's deletes) of each pair
+        self.slots = slots
+        self._active: OrderedDict[frozenset[int], np.ndarray] = OrderedDict()
+
+    def active(self, applying: frozenset[int]) -> np.ndarray:
+        """A bool per slot (plus the trailing False): the key is held by a file of `applying`."""
+        mask = self._active.get(applying)
+        if mask is None:
+            mask = np.zeros(self.slots + 1, dtype=bool)
+            mask[self._pair_slot[np.isin(self._pair_file, np.fromiter(applying, np.int32))]] = True
+            self._active[applying] = mask
+            if len(self._active) > ACTIVE_CACHE:
+                self._active.popitem(last=False)
+        else:
+            self._active.move_to_end(applying)
+        return mask
+
+    def deleted(self, columns: list[pa.Array], applying: frozenset[int]) -> np.ndarray:
+        return self.active(applying)[self.slot(columns)]
+
+    def slot(self, columns: list[pa.Array]) -> np.ndarray:
+        raise NotImplementedError
+
+
+class _IntegerKeys(_KeyIndex):
+    """One integer-like column: sorted distinct values in slots 0..n-1; NULL is slot n."""
+
+    def __init__(self, parts: list[tuple[int, pa.Table]], types: list[pa.DataType]) -> None:
+        self._type = types[0]
+        values, files, null_files = [_EMPTY], [_EMPTY_FILES], []
+        for i, table in parts:
+            column = table.column(0).combine_chunks()
+            valid = column.is_valid().to_numpy(zero_copy_only=False)
+            values.append(_as_int64(column)[valid])
+            files.append(np.full(int(valid.sum()), i, dtype=np.int32))
+            if not valid.all():
+                null_files.append(i)
+        self._keys, inverse = np.unique(np.concatenate(values), return_inverse=True)
+        null_slot = len(self._keys)
+        pair_slot = np.concatenate([inverse.astype(np.int64), np.full(len(null_files), null_slot, np.int64)])
+        pair_file = np.concatenate([*files, np.array(null_files, dtype=np.int32)])
+        # each (key, file) pair once: keys repeated inside one file cost nothing later
+        pairs = np.unique(np.stack([pair_slot, pair_file.astype(np.int64)]), axis=1)
+        super().__init__(pairs[0], pairs[1].astype(np.int32), null_slot + 1)
+
+    def slot(self, columns: list[pa.Array]) -> np.ndarray:
+        column = columns[0].cast(self._type)
+        values = _as_int64(column)
+        valid = column.is_valid().to_numpy(zero_copy_only=False)
+        null_slot, none = len(self._keys), self.slots
+        if len(self._keys) == 0:
+            return np.where(valid, none, null_slot)
+        at = np.minimum(np.searchsorted(self._keys, values), len(self._keys) - 1)
+        return np.where(valid, np.where(self._keys[at] == values, at, none), null_slot)
+
+
+class _HashedKeys(_KeyIndex):
+    """Any columns: distinct key rows sorted by a 64-bit row hash; a hash hit is verified exactly."""
+
+    def __init__(self, parts: list[tuple[int, pa.Table]], types: list[pa.DataType]) -> None:
+        import polars as pl
+
+        names = [f"k{j}" for j in range(len(types))]
+        empty = pa.table([pa.array([], t) for t in types], names=names)
+        frames = [
+            pl.from_arrow(table.rename_columns(names)).with_columns(pl.lit(i, pl.Int32).alias("_file"))
+            for i, table in parts or [(0, empty)]
+        ]
+        rows = pl.concat(frames)
+        distinct = rows.select(names).unique()
+        hashes = distinct.hash_rows(seed=HASH_SEED).to_numpy()
+        order = np.argsort(hashes, kind="stable")
+        self._hashes = hashes[order]
+        distinct = distinct[order].with_row_index("_slot")
+        pairs = rows.join(distinct, on=names, how="inner", nulls_equal=True).select("_slot", "_file").unique()
+        keys = distinct.drop("_slot").to_arrow(compat_level=pl.CompatLevel.oldest())
+        self._keys = pa.table([c.cast(t) for c, t in zip(keys.columns, types, strict=True)], names=names)
+        super().__init__(
+            pairs["_slot"].to_numpy().astype(np.int64), pairs["_file"].to_numpy().astype(np.int32), len(order)
+        )
+
+    def slot(self, columns: list[pa.Array]) -> np.ndarray:
+        import polars as pl
+
+        none = self.slots
+        slots = np.full(len(columns[0]), none, dtype=np.int64)
+        if none == 0:
+            return slots
+        columns = [c.cast(t) for c, t in zip(columns, self._keys.schema.types, strict=True)]
+        hashes = pl.from_arrow(pa.table(columns, names=self._keys.column_names)).hash_rows(seed=HASH_SEED).to_numpy()
+        lo = np.searchsorted(self._hashes, hashes, side="left")
+        hi = np.searchsorted(self._hashes, hashes, side="right")
+        step = 0
+        while True:  # distinct keys sharing a hash (a collision) sit next to each other: try each
+            candidate = np.flatnonzero((lo + step < hi) & (slots == none))
+            if len(candidate) == 0:
+                return slots
+            at = lo[candidate] + step
+            equal = np.ones(len(candidate), dtype=bool)
+            for column, key in zip(columns, self._keys.columns, strict=True):
+                equal &= _null_safe_equal(column.take(pa.array(candidate)), key.take(pa.array(at)))
+            slots[candidate[equal]] = at[equal]
+            step += 1
+
+
+def _null_safe_equal(left: pa.Array, right: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    both_null = pc.and_(left.is_null(), right.is_null())
+    equal = pc.fill_null(pc.equal(left, right), False)
+    if pa.types.is_floating(left.type):  # Iceberg (Java) compares floats with NaN equal to NaN
+        equal = pc.or_(equal, pc.fill_null(pc.and_(pc.is_nan(left), pc.is_nan(right)), False))
+    result = pc.or_(equal, both_null)
+    if isinstance(result, pa.ChunkedArray):
+        result = result.combine_chunks()
+    return result.to_numpy(zero_copy_only=False)
+
+
+def _as_int64(column: pa.Array) -> np.ndarray:
+    """Values of an integer-like array as int64 (nulls as 0: callers mask them)."""
+    if not pa.types.is_integer(column.type):
+        if pa.types.is_boolean(column.type):
+            column = column.cast(pa.int8())
+        else:  # dates, times and timestamps: their integer storage
+            column = column.view(pa.int32() if column.type.bit_width == 32 else pa.int64())
+    return pc.fill_null(column, 0).cast(pa.int64()).to_numpy(zero_copy_only=False)

@@ -1,0 +1,407 @@
+"""The worker applies a group's delete files while it rewrites (merge-on-read): real tables in a
+SQLite catalog, real position- and equality-delete files committed as another engine would, the
+job built as the driver builds it (which deletes apply to which source: lake.deletes.ApplyingDeletes),
+`rewrite_group` in-process; the written rows must equal what the spec-literal reader reads before."""
+
+from __future__ import annotations
+
+import tempfile
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table
+from pyiceberg.transforms import IdentityTransform
+from pyiceberg.types import IntegerType, LongType, NestedField, StringType
+
+from compaction_assets.demo import append_fragments
+from compaction_assets.execution import worker
+from compaction_assets.execution.source_reader import SourceReader
+from compaction_assets.execution.worker import (
+    DeleteSpec,
+    GroupSpec,
+    RewriteJob,
+    SourceFile,
+    outcome_from_row,
+    rewrite_group,
+    rewrite_partition_batches,
+)
+from compaction_assets.lake.datafile_codec import encode_partition
+from compaction_assets.lake.delete_files import FILE_PATH_ID, POS_ID
+from compaction_assets.lake.deletes import ApplyingDeletes
+from compaction_assets.lake.files import live_files
+from tests.lakekit.deletes import commit_delete_files, equality_delete_file, position_delete_file
+from tests.lakekit.oracle import row_key
+from tests.lakekit.spec_reader import spec_rows
+
+SCHEMA = Schema(
+    NestedField(1, "id", LongType(), required=False),
+    NestedField(2, "region", StringType(), required=False),
+    NestedField(3, "k", StringType(), required=False),
+    NestedField(4, "n", IntegerType(), required=False),
+)
+SMALL_ROW_GROUPS = {"write.parquet.row-group-limit": "8"}  # several batches per file: positions span batches
+BY_REGION = PartitionSpec(PartitionField(source_id=2, field_id=1000, transform=IdentityTransform(), name="region"))
+
+
+def _catalog(root: Path) -> SqlCatalog:
+    catalog = SqlCatalog("t", uri=f"sqlite:///{root}/catalog.db", warehouse=f"file://{root}/warehouse")
+    catalog.create_namespace("ns")
+    return catalog
+
+
+@pytest.fixture
+def catalog(tmp_path: Path) -> Iterator[SqlCatalog]:
+    catalog = _catalog(tmp_path)
+    yield catalog
+    catalog.engine.dispose()
+
+
+@pytest.fixture(params=["bulk", "projected"])
+def read_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test on the bulk scan (where files allow it) and again with every file projected."""
+    if request.param == "projected":
+        monkeypatch.setattr(SourceReader, "relabel_target", lambda self, physical: None)
+    return request.param
+
+
+def _rows(start: int, count: int, region: str, k: list[Any] | None = None, n: list[Any] | None = None) -> pa.Table:
+    ids = list(range(start, start + count))
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "region": [region] * count,
+            "k": pa.array(k if k is not None else [f"k{i % 7}" if i % 5 else None for i in ids], pa.string()),
+            "n": pa.array(n if n is not None else [i % 11 if i % 4 else None for i in ids], pa.int32()),
+        }
+    )
+
+
+def _data_files(table: Table, region: str | None = None) -> list[DataFile]:
+    return sorted(
+        (
+            f.data_file
+            for f in live_files(table)
+            if f.data_file.content == DataFileContent.DATA and (region is None or f.data_file.partition[0] == region)
+        ),
+        key=lambda f: f.file_path,
+    )
+
+
+def multi_position_delete_file(table: Table, targets: dict[str, list[int]], spec_id: int, partition) -> DataFile:  # noqa: ANN001
+    """One position-delete file listing positions of several data files (as Spark writes them)."""
+    schema = pa.schema(
+        [
+            pa.field("file_path", pa.string(), nullable=False, metadata={b"PARQUET:field_id": str(FILE_PATH_ID)}),
+            pa.field("pos", pa.int64(), nullable=False, metadata={b"PARQUET:field_id": str(POS_ID)}),
+        ]
+    )
+    pairs = sorted((path, pos) for path, positions in targets.items() for pos in positions)
+    rows = pa.table({"file_path": [p for p, _ in pairs], "pos": [q for _, q in pairs]}, schema=schema)
+    path = f"{table.location().rstrip('/')}/data/pos-multi-{uuid.uuid4().hex}.parquet"
+    with table.io.new_output(path).create() as stream:
+        pq.write_table(rows, stream)
+    delete_file = DataFile.from_args(
+        content=DataFileContent.POSITION_DELETES,
+        file_path=path,
+        file_format=FileFormat.PARQUET,
+        partition=partition,
+        record_count=len(pairs),
+        file_size_in_bytes=len(table.io.new_input(path)),
+        lower_bounds={FILE_PATH_ID: pairs[0][0].encode()},
+        upper_bounds={FILE_PATH_ID: pairs[-1][0].encode()},
+    )
+    delete_file.spec_id = spec_id
+    return delete_file
+
+
+def build_job(table: Table, sort_columns: list[tuple[str, str]] | None = None, polars: bool = False) -> RewriteJob:
+    """One group per partition of every live data file, with the deletes the spec applies to each
+    (what the driver sends)."""
+    files = live_files(table)
+    applying = ApplyingDeletes([f for f in files if f.data_file.content != DataFileContent.DATA])
+    by_partition: dict[tuple, list] = {}
+    for f in files:
+        if f.data_file.content == DataFileContent.DATA:
+            by_partition.setdefault((f.data_file.spec_id, tuple(f.data_file.partition)), []).append(f)
+    groups = []
+    for (spec_id, _), members in sorted(by_partition.items(), key=lambda item: repr(item[0])):
+        deletes: list[DeleteSpec] = []
+        index: dict[str, int] = {}
+        sources = []
+        for f in members:
+            applied = []
+            for d in applying.for_data_file(f):
+                if d.path not in index:
+                    index[d.path] = len(deletes)
+                    deletes.append(
+                        DeleteSpec(
+                            d.path,
+                            int(d.data_file.content),
+                            d.size,
+                            d.data_file.record_count,
+                            list(d.data_file.equality_ids) if d.data_file.equality_ids else None,
+                        )
+                    )
+                applied.append(index[d.path])
+            sources.append(SourceFile(f.path, f.size, f.data_file.record_count, applied))
+        groups.append(
+            GroupSpec(
+                sources=sources,
+                partition=encode_partition(members[0].data_file.partition),
+                spec_id=spec_id,
+                output_dir=f"{table.location().rstrip('/')}/data/out",
+                file_prefix=f"att-{uuid.uuid4().hex[:8]}",
+                max_files=4,
+                polars=polars,
+                deletes=deletes,
+            )
+        )
+    job = RewriteJob(
+        metadata_json=table.metadata.model_dump_json(),
+        io_properties=dict(table.io.properties),
+        target_file_size_bytes=1 << 20,
+        groups=groups,
+        tasks=[[i] for i in range(len(groups))],
+        sort_columns=sort_columns or [],
+    )
+    return RewriteJob.from_json(job.to_json())  # through JSON, as Spark gets it
+
+
+def _written(files: list[DataFile]) -> list[dict]:
+    return [row for f in files for row in pq.read_table(urlparse(f.file_path).path).to_pylist()]
+
+
+def rewrite_all(table: Table, **job_options: Any) -> tuple[list[dict], list]:  # noqa: ANN401
+    job = build_job(table, **job_options)
+    outcomes = [rewrite_group(job, i) for i in range(len(job.groups))]
+    for outcome in outcomes:
+        assert outcome.error is None, outcome.error
+    return [row for o in outcomes for row in _written(o.data_files)], outcomes
+
+
+def assert_rewrite_keeps_live_rows(table: Table, **job_options: Any) -> list:  # noqa: ANN401
+    expected = Counter(row_key(r) for r in spec_rows(table))
+    rows, outcomes = rewrite_all(table, **job_options)
+    assert Counter(row_key(r) for r in rows) == expected
+    decoded = sum(f.record_count for f in _data_files(table))
+    assert sum(o.rows_read for o in outcomes) == decoded
+    assert sum(o.rows_deleted for o in outcomes) == decoded - sum(expected.values())
+    return outcomes
+
+
+def test_position_and_equality_deletes_in_a_partitioned_table(catalog: SqlCatalog, read_path: str) -> None:
+    table = catalog.create_table("ns.t", schema=SCHEMA, partition_spec=BY_REGION, properties=SMALL_ROW_GROUPS)
+    append_fragments(table, [_rows(i * 40, 40, region) for i, region in enumerate(["eu", "us", "eu", "us", "eu"])])
+    eu = _data_files(table, "eu")
+    us = _data_files(table, "us")
+    # one position-delete file naming three data files (positions overlap another file's), one per file
+    commit_delete_files(
+        table,
+        [
+            multi_position_delete_file(
+                table, {eu[0].file_path: [0, 3, 39], eu[1].file_path: [5, 6], eu[2].file_path: [0]}, 0, eu[0].partition
+            ),
+            position_delete_file(table, eu[0], [3, 4, 10]),
+            position_delete_file(table, us[1], [1, 2, 3]),
+        ],
+    )
+    # equality deletes: on k (with NULL), on (k, n) (with NULL in each), partition-scoped
+    commit_delete_files(
+        table,
+        [
+            equality_delete_file(table, 0, eu[0].partition, ["k"], [{"k": "k3"}, {"k": None}, {"k": "absent"}]),
+            equality_delete_file(
+                table,
+                0,
+                us[0].partition,
+                ["k", "n"],
+                [{"k": "k1", "n": 1}, {"k": "k2", "n": None}, {"k": "k2", "n": 2}],
+            ),
+        ],
+    )
+    # data appended after the equality deletes: they do not apply to it
+    append_fragments(table, [_rows(1000, 30, "eu"), _rows(2000, 30, "us")])
+    table = catalog.load_table("ns.t")
+
+    outcomes = assert_rewrite_keeps_live_rows(table)
+
+    assert all(o.engine == "arrow" for o in outcomes)
+    assert all(o.rows_deleted > 0 for o in outcomes)
+
+
+def test_equality_delete_on_a_promoted_and_renamed_column(catalog: SqlCatalog, read_path: str) -> None:
+    table = catalog.create_table("ns.t", schema=SCHEMA)
+    append_fragments(table, [_rows(i * 30, 30, "x") for i in range(3)])
+    # an int delete file written before the promotion, on the column's old name
+    commit_delete_files(table, [equality_delete_file(table, 0, _data_files(table)[0].partition, ["n"], [{"n": 3}])])
+    with table.update_schema() as update:
+        update.update_column("n", LongType())
+    with table.update_schema() as update:
+        update.rename_column("n", "amount")
+    table = catalog.load_table("ns.t")
+    wide = _rows(500, 30, "x").rename_columns(["id", "region", "k", "amount"])
+    wide = wide.set_column(3, "amount", pa.array([(1 << 40) + i % 3 for i in range(30)], pa.int64()))
+    append_fragments(table, [wide])
+    table = catalog.load_table("ns.t")
+    commit_delete_files(
+        table,
+        [
+            equality_delete_file(
+                table, 0, _data_files(table)[0].partition, ["amount"], [{"amount": (1 << 40) + 1}, {"amount": 7}]
+            )
+        ],
+    )
+    table = catalog.load_table("ns.t")
+
+    assert_rewrite_keeps_live_rows(table)
+
+
+def test_files_without_field_ids_are_read_through_the_name_mapping(catalog: SqlCatalog, tmp_path: Path) -> None:
+    table = catalog.create_table("ns.t", schema=SCHEMA)
+    paths = []
+    for i in range(3):
+        path = tmp_path / f"plain-{i}.parquet"
+        pq.write_table(_rows(i * 25, 25, "x"), path)  # no field ids: add_files gives the table a name mapping
+        paths.append(f"file://{path}")
+    table.add_files(paths)
+    table = catalog.load_table("ns.t")
+    files = _data_files(table)
+    commit_delete_files(
+        table,
+        [
+            multi_position_delete_file(
+                table, {files[0].file_path: [1, 2], files[2].file_path: [24]}, 0, files[0].partition
+            ),
+            equality_delete_file(table, 0, files[0].partition, ["n"], [{"n": None}, {"n": 5}]),
+        ],
+    )
+    table = catalog.load_table("ns.t")
+
+    assert_rewrite_keeps_live_rows(table)
+
+
+def test_sorted_rewrite_applies_deletes(catalog: SqlCatalog, read_path: str) -> None:
+    table = catalog.create_table("ns.t", schema=SCHEMA)
+    append_fragments(table, [_rows(i * 20, 20, "x") for i in reversed(range(4))])
+    files = _data_files(table)
+    commit_delete_files(
+        table,
+        [
+            position_delete_file(table, files[1], [0, 19]),
+            equality_delete_file(table, 0, files[0].partition, ["id"], [{"id": 7}, {"id": 70}]),
+        ],
+    )
+    table = catalog.load_table("ns.t")
+
+    outcomes = assert_rewrite_keeps_live_rows(table, sort_columns=[("id", "descending")])
+
+    ids = [r["id"] for r in _written(outcomes[0].data_files)]
+    assert ids == sorted(ids, reverse=True) and 7 not in ids and 70 not in ids
+
+
+def test_a_group_with_deletes_never_takes_polars(catalog: SqlCatalog) -> None:
+    table = catalog.create_table("ns.t", schema=SCHEMA)
+    append_fragments(table, [_rows(i * 20, 20, "x") for i in range(3)])
+    commit_delete_files(table, [position_delete_file(table, _data_files(table)[0], [0])])
+    table = catalog.load_table("ns.t")
+
+    [outcome] = assert_rewrite_keeps_live_rows(table, polars=True)
+
+    assert outcome.engine == "arrow" and outcome.rows_deleted == 1
+
+
+def test_an_equality_key_the_schema_no_longer_has_fails_the_group(catalog: SqlCatalog) -> None:
+    table = catalog.create_table("ns.t", schema=SCHEMA)
+    append_fragments(table, [_rows(i * 20, 20, "x") for i in range(2)])
+    commit_delete_files(table, [equality_delete_file(table, 0, _data_files(table)[0].partition, ["k"], [{"k": "k1"}])])
+    with table.update_schema() as update:
+        update.delete_column("k")
+    table = catalog.load_table("ns.t")
+    job = build_job(table)
+
+    outcome = rewrite_group(job, 0)
+
+    assert outcome.data_files == [] and "field id 3" in outcome.error and "current schema" in outcome.error
+
+
+def test_the_result_row_carries_rows_deleted(catalog: SqlCatalog) -> None:
+    table = catalog.create_table("ns.t", schema=SCHEMA)
+    append_fragments(table, [_rows(i * 20, 20, "x") for i in range(2)])
+    commit_delete_files(table, [position_delete_file(table, _data_files(table)[1], [2, 3, 4])])
+    job = build_job(catalog.load_table("ns.t"))
+
+    [batch] = rewrite_partition_batches(job.to_json(), iter([pa.record_batch({"id": pa.array([0], pa.int64())})]))
+
+    assert batch.schema == worker._RESULT_ARROW_SCHEMA
+    outcome = outcome_from_row(batch.to_pylist()[0])
+    assert (outcome.rows_read, outcome.rows_deleted, outcome.error) == (40, 3, None)
+
+
+# property: random rows, random position and equality deletes, interleaved with appends
+
+
+_events = st.lists(
+    st.one_of(
+        st.tuples(st.just("append"), st.integers(1, 30)),
+        st.tuples(st.just("pos"), st.lists(st.integers(0, 40), min_size=1, max_size=8), st.integers(0, 10)),
+        st.tuples(
+            st.just("eq"),
+            st.sampled_from([("n",), ("k",), ("k", "n"), ("id",)]),
+            st.lists(
+                st.tuples(st.sampled_from(["k1", "k2", "k3", None]), st.one_of(st.none(), st.integers(0, 6))),
+                min_size=1,
+                max_size=6,
+            ),
+        ),
+    ),
+    min_size=1,
+    max_size=8,
+)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(events=_events, projected=st.booleans(), rows_seed=st.integers(0, 1000))
+def test_property_output_is_the_live_rows(events: list[tuple], projected: bool, rows_seed: int) -> None:
+    with tempfile.TemporaryDirectory() as root, pytest.MonkeyPatch.context() as patch:
+        if projected:
+            patch.setattr(SourceReader, "relabel_target", lambda self, physical: None)
+        catalog = _catalog(Path(root))
+        table = catalog.create_table("ns.t", schema=SCHEMA, properties=SMALL_ROW_GROUPS)
+        start = 0
+        for event in [("append", 10), *events]:
+            table = catalog.load_table("ns.t")
+            if event[0] == "append":
+                count = event[1]
+                ids = range(start, start + count)
+                k = [[f"k{(i * rows_seed) % 4}", None][(i + rows_seed) % 3 == 0] for i in ids]
+                n = [None if (i * 7 + rows_seed) % 5 == 0 else (i + rows_seed) % 7 for i in ids]
+                append_fragments(table, [_rows(start, count, "x", k, n)])
+                start += count
+            elif event[0] == "pos":
+                files = _data_files(table)
+                target = files[event[2] % len(files)]
+                positions = sorted({p % target.record_count for p in event[1]})
+                commit_delete_files(table, [position_delete_file(table, target, positions)])
+            else:
+                columns, values = event[1], event[2]
+                rows = [{"k": k, "n": n, "id": None if n is None else n * 3} | {} for k, n in values]
+                rows = [{c: r[c] for c in columns} for r in rows]
+                commit_delete_files(
+                    table, [equality_delete_file(table, 0, _data_files(table)[0].partition, list(columns), rows)]
+                )
+        table = catalog.load_table("ns.t")
+        assert_rewrite_keeps_live_rows(table)
+        catalog.engine.dispose()
