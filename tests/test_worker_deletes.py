@@ -6,7 +6,6 @@ job built as the driver builds it (which deletes apply to which source: lake.del
 from __future__ import annotations
 
 import tempfile
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,28 +18,23 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyiceberg.catalog.sql import SqlCatalog
-from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import IntegerType, LongType, NestedField, StringType
 
+from compaction_assets.bench.cdc_worker import cdc_table, peak_rss_with_keys, position_deletes, rewrite_job
 from compaction_assets.demo import append_fragments
 from compaction_assets.execution import worker
 from compaction_assets.execution.source_reader import SourceReader
 from compaction_assets.execution.worker import (
-    DeleteSpec,
-    GroupSpec,
     RewriteJob,
-    SourceFile,
     outcome_from_row,
     rewrite_group,
     rewrite_partition_batches,
 )
-from compaction_assets.lake.datafile_codec import encode_partition
-from compaction_assets.lake.delete_files import FILE_PATH_ID, POS_ID
-from compaction_assets.lake.deletes import ApplyingDeletes
 from compaction_assets.lake.files import live_files
 from tests.lakekit.deletes import commit_delete_files, equality_delete_file, position_delete_file
 from tests.lakekit.oracle import row_key
@@ -100,84 +94,9 @@ def _data_files(table: Table, region: str | None = None) -> list[DataFile]:
     )
 
 
-def multi_position_delete_file(table: Table, targets: dict[str, list[int]], spec_id: int, partition) -> DataFile:  # noqa: ANN001
-    """One position-delete file listing positions of several data files (as Spark writes them)."""
-    schema = pa.schema(
-        [
-            pa.field("file_path", pa.string(), nullable=False, metadata={b"PARQUET:field_id": str(FILE_PATH_ID)}),
-            pa.field("pos", pa.int64(), nullable=False, metadata={b"PARQUET:field_id": str(POS_ID)}),
-        ]
-    )
-    pairs = sorted((path, pos) for path, positions in targets.items() for pos in positions)
-    rows = pa.table({"file_path": [p for p, _ in pairs], "pos": [q for _, q in pairs]}, schema=schema)
-    path = f"{table.location().rstrip('/')}/data/pos-multi-{uuid.uuid4().hex}.parquet"
-    with table.io.new_output(path).create() as stream:
-        pq.write_table(rows, stream)
-    delete_file = DataFile.from_args(
-        content=DataFileContent.POSITION_DELETES,
-        file_path=path,
-        file_format=FileFormat.PARQUET,
-        partition=partition,
-        record_count=len(pairs),
-        file_size_in_bytes=len(table.io.new_input(path)),
-        lower_bounds={FILE_PATH_ID: pairs[0][0].encode()},
-        upper_bounds={FILE_PATH_ID: pairs[-1][0].encode()},
-    )
-    delete_file.spec_id = spec_id
-    return delete_file
-
-
-def build_job(table: Table, sort_columns: list[tuple[str, str]] | None = None, polars: bool = False) -> RewriteJob:
-    """One group per partition of every live data file, with the deletes the spec applies to each
-    (what the driver sends)."""
-    files = live_files(table)
-    applying = ApplyingDeletes([f for f in files if f.data_file.content != DataFileContent.DATA])
-    by_partition: dict[tuple, list] = {}
-    for f in files:
-        if f.data_file.content == DataFileContent.DATA:
-            by_partition.setdefault((f.data_file.spec_id, tuple(f.data_file.partition)), []).append(f)
-    groups = []
-    for (spec_id, _), members in sorted(by_partition.items(), key=lambda item: repr(item[0])):
-        deletes: list[DeleteSpec] = []
-        index: dict[str, int] = {}
-        sources = []
-        for f in members:
-            applied = []
-            for d in applying.for_data_file(f):
-                if d.path not in index:
-                    index[d.path] = len(deletes)
-                    deletes.append(
-                        DeleteSpec(
-                            d.path,
-                            int(d.data_file.content),
-                            d.size,
-                            d.data_file.record_count,
-                            list(d.data_file.equality_ids) if d.data_file.equality_ids else None,
-                        )
-                    )
-                applied.append(index[d.path])
-            sources.append(SourceFile(f.path, f.size, f.data_file.record_count, applied))
-        groups.append(
-            GroupSpec(
-                sources=sources,
-                partition=encode_partition(members[0].data_file.partition),
-                spec_id=spec_id,
-                output_dir=f"{table.location().rstrip('/')}/data/out",
-                file_prefix=f"att-{uuid.uuid4().hex[:8]}",
-                max_files=4,
-                polars=polars,
-                deletes=deletes,
-            )
-        )
-    job = RewriteJob(
-        metadata_json=table.metadata.model_dump_json(),
-        io_properties=dict(table.io.properties),
-        target_file_size_bytes=1 << 20,
-        groups=groups,
-        tasks=[[i] for i in range(len(groups))],
-        sort_columns=sort_columns or [],
-    )
-    return RewriteJob.from_json(job.to_json())  # through JSON, as Spark gets it
+def build_job(table: Table, **options: Any) -> RewriteJob:  # noqa: ANN401
+    """The job a driver sends (one group per partition), through JSON as Spark gets it."""
+    return RewriteJob.from_json(rewrite_job(table, **options).to_json())
 
 
 def _written(files: list[DataFile]) -> list[dict]:
@@ -211,7 +130,7 @@ def test_position_and_equality_deletes_in_a_partitioned_table(catalog: SqlCatalo
     commit_delete_files(
         table,
         [
-            multi_position_delete_file(
+            position_deletes(
                 table, {eu[0].file_path: [0, 3, 39], eu[1].file_path: [5, 6], eu[2].file_path: [0]}, 0, eu[0].partition
             ),
             position_delete_file(table, eu[0], [3, 4, 10]),
@@ -282,9 +201,7 @@ def test_files_without_field_ids_are_read_through_the_name_mapping(catalog: SqlC
     commit_delete_files(
         table,
         [
-            multi_position_delete_file(
-                table, {files[0].file_path: [1, 2], files[2].file_path: [24]}, 0, files[0].partition
-            ),
+            position_deletes(table, {files[0].file_path: [1, 2], files[2].file_path: [24]}, 0, files[0].partition),
             equality_delete_file(table, 0, files[0].partition, ["n"], [{"n": None}, {"n": 5}]),
         ],
     )
@@ -405,3 +322,27 @@ def test_property_output_is_the_live_rows(events: list[tuple], projected: bool, 
         table = catalog.load_table("ns.t")
         assert_rewrite_keeps_live_rows(table)
         catalog.engine.dispose()
+
+
+def test_a_cdc_table_split_in_two_groups(tmp_path: Path) -> None:
+    """Global equality deletes and position-delete files naming several data files, two groups
+    (the bench's table, small): every group applies all of them to its own sources."""
+    table = cdc_table(tmp_path, files=12, rows_per_file=50, equality_files=4, position_files=3)
+    expected = Counter(row_key(r) for r in spec_rows(table))
+    job = rewrite_job(table, parts=2)
+    assert len(job.groups) == 2
+
+    outcomes = [rewrite_group(job, i) for i in range(2)]
+
+    assert [o.error for o in outcomes] == [None, None]
+    assert Counter(row_key(r) for o in outcomes for r in _written(o.data_files)) == expected
+    assert sum(o.rows_deleted for o in outcomes) == 600 - sum(expected.values()) == 120
+
+
+@pytest.mark.slow
+def test_a_million_equality_keys_stay_under_512_mb(tmp_path: Path) -> None:
+    """1,000,000 long equality keys applying to 1,000,000 rows: the worker's peak RSS, in a fresh process."""
+    peak, deleted = peak_rss_with_keys(tmp_path, keys=1_000_000)
+
+    assert deleted == 200_000
+    assert 0 < peak < 512 * 2**20

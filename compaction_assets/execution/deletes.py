@@ -26,11 +26,11 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.manifest import DataFileContent
-from pyiceberg.schema import Schema
+from pyiceberg.schema import Schema, sanitize_column_names
 from pyiceberg.table.name_mapping import NameMapping
 
 from compaction_assets.errors import InputFileError
@@ -64,6 +64,10 @@ class GroupDeletes:
         self.rows_deleted = 0
         self._positions: dict[str, np.ndarray] | None = None  # loaded on first use, for every source at once
         self._indexes: dict[tuple[int, ...], _KeyIndex] = {}
+        self._plans: dict[tuple[int, ...], tuple[bool, dict[tuple[int, ...], frozenset[int]]]] = {}  # by deletes
+        self._keyed = [
+            _ids_key(d.equality_ids) if d.content == DataFileContent.EQUALITY_DELETES else None for d in deletes
+        ]
         top_level = {f.field_id: f for f in schema.fields}
         for spec in deletes:
             if spec.content != DataFileContent.EQUALITY_DELETES:
@@ -79,27 +83,30 @@ class GroupDeletes:
             if not spec.equality_ids:
                 raise DeleteFileError(f"equality delete file {spec.path} has no equality_ids")
         self._fields = top_level
+        # converted batches are in the output file schema: the sanitised names of the current schema
+        self._names = {f.field_id: f.name for f in sanitize_column_names(schema).fields}
 
     def apply(self, source, start: int, batch: pa.RecordBatch) -> pa.RecordBatch:  # noqa: ANN001 - SourceFile
         """`batch` (rows `start`.. of `source`, in the output schema) without its deleted rows."""
         if not source.deletes or batch.num_rows == 0:
             return batch
+        applying = tuple(source.deletes)
+        plan = self._plans.get(applying)
+        if plan is None:
+            plan = self._plans[applying] = self._plan(applying)
+        has_positions, by_ids = plan
         deleted: np.ndarray | None = None
-        if any(self._deletes[i].content == DataFileContent.POSITION_DELETES for i in source.deletes):
+        if has_positions:
             positions = self._source_positions(source.path)
             lo, hi = np.searchsorted(positions, [start, start + batch.num_rows])
             if hi > lo:
                 deleted = np.zeros(batch.num_rows, dtype=bool)
                 deleted[positions[lo:hi] - start] = True
-        by_ids: dict[tuple[int, ...], list[int]] = {}
-        for i in source.deletes:
-            if self._deletes[i].content == DataFileContent.EQUALITY_DELETES:
-                by_ids.setdefault(_ids_key(self._deletes[i].equality_ids), []).append(i)
         for ids, applying in by_ids.items():
             index = self._indexes.get(ids)
             if index is None:
                 index = self._indexes[ids] = self._build_index(ids)
-            hit = index.deleted(_key_columns(batch, ids), frozenset(applying))
+            hit = index.deleted([batch.column(self._names[i]) for i in ids], applying)
             deleted = hit if deleted is None else deleted | hit
         if deleted is None:
             return batch
@@ -109,6 +116,18 @@ class GroupDeletes:
         self.rows_deleted += removed
         return batch.filter(pa.array(~deleted))
 
+    def _plan(self, applying: tuple[int, ...]) -> tuple[bool, dict[tuple[int, ...], frozenset[int]]]:
+        """Whether position deletes are among `applying`, and its equality deletes by equality ids."""
+        by_ids: dict[tuple[int, ...], set[int]] = {}
+        has_positions = False
+        for i in applying:
+            ids = self._keyed[i]
+            if ids is None:
+                has_positions = True
+            else:
+                by_ids.setdefault(ids, set()).add(i)
+        return has_positions, {ids: frozenset(applying) for ids, applying in by_ids.items()}
+
     # position deletes
 
     def _source_positions(self, path: str) -> np.ndarray:
@@ -117,40 +136,39 @@ class GroupDeletes:
         return self._positions.get(path, _EMPTY)
 
     def _load_positions(self) -> dict[str, np.ndarray]:
-        """Every position-delete file of the group read once, only its rows for the group's sources."""
-        wanted: dict[int, list[str]] = {}
+        """Every position-delete file of the group read once, keeping its rows for the group's
+        sources; a source's positions sorted (repeats are harmless)."""
+        wanted: dict[int, set[str]] = {}
         for source in self._sources.values():
             for i in source.deletes:
-                if self._deletes[i].content == DataFileContent.POSITION_DELETES:
-                    wanted.setdefault(i, []).append(source.path)
+                if self._keyed[i] is None:
+                    wanted.setdefault(i, set()).add(source.path)
         found: dict[str, list[np.ndarray]] = {}
         for i, paths in wanted.items():
             spec = self._deletes[i]
             try:
-                table = self._read(spec.path, {FILE_PATH_ID: "file_path", POS_ID: "pos"}, paths)
+                table = self._read(spec.path, {FILE_PATH_ID: "file_path", POS_ID: "pos"}, dictionary=True)
+                files = table.column(0).unify_dictionaries().combine_chunks()
+                if not pa.types.is_dictionary(files.type):
+                    files = pc.dictionary_encode(files)
             except (OSError, pa.ArrowException) as exc:
                 raise _unreadable(spec.path, exc) from exc
-            if table.num_rows == 0:
-                continue
-            codes, uniques = _path_codes(table.column(0))
+            codes = files.indices.to_numpy(zero_copy_only=False)
             pos = table.column(1).to_numpy()
-            order = np.argsort(codes, kind="stable")
-            bounds = np.searchsorted(codes[order], np.arange(len(uniques) + 1))
-            for k, path in enumerate(uniques):
-                found.setdefault(path, []).append(pos[order[bounds[k] : bounds[k + 1]]])
-        return {path: np.unique(np.concatenate(parts)).astype(np.int64) for path, parts in found.items()}
+            for code, path in enumerate(files.dictionary.to_pylist()):
+                if path in paths:
+                    found.setdefault(path, []).append(pos[codes == code])
+        return {path: np.sort(np.concatenate(parts)).astype(np.int64) for path, parts in found.items()}
 
-    def _read(self, path: str, columns: dict[int, str], paths: list[str] | None = None) -> pa.Table:
+    def _read(self, path: str, columns: dict[int, str | None], dictionary: bool = False) -> pa.Table:
         """Columns of a delete file by field id (else the spec's name, else the table's name
-        mapping), named by field id; rows filtered to `paths` on the file_path column if given."""
+        mapping), named by field id; the first one dictionary-encoded if `dictionary`."""
         with self._io.new_input(path).open() as stream:
-            fragment = ds.ParquetFileFormat().make_fragment(stream)
-            physical = fragment.physical_schema
+            # a first column under another name than the spec's is read plain (and encoded by the caller)
+            parquet = pq.ParquetFile(stream, read_dictionary=[columns[next(iter(columns))]] if dictionary else None)
+            physical = parquet.schema_arrow
             names = [self._column_name(physical, field_id, fallback, path) for field_id, fallback in columns.items()]
-            row_filter = None
-            if paths is not None:
-                row_filter = pc.field(names[0]).isin(pa.array(paths, physical.field(names[0]).type))
-            table = fragment.to_table(columns=names, filter=row_filter, use_threads=False)
+            table = parquet.read(columns=names, use_threads=False)
         return table.rename_columns([str(i) for i in columns])
 
     def _column_name(self, physical: pa.Schema, field_id: int, fallback: str | None, path: str) -> str:
@@ -173,7 +191,7 @@ class GroupDeletes:
         types = [schema_to_pyarrow(Schema(self._fields[i])).field(0).type for i in ids]
         parts: list[tuple[int, pa.Table]] = []
         for i, spec in enumerate(self._deletes):
-            if spec.content != DataFileContent.EQUALITY_DELETES or _ids_key(spec.equality_ids) != ids:
+            if self._keyed[i] != ids:
                 continue
             try:
                 table = self._read(spec.path, dict.fromkeys(ids))
@@ -183,9 +201,10 @@ class GroupDeletes:
             except (OSError, pa.ArrowException) as exc:
                 raise _unreadable(spec.path, exc) from exc
             parts.append((i, table))
-        if len(ids) == 1 and _integer_like(types[0]):
-            return _IntegerKeys(parts, types)
-        return _HashedKeys(parts, types)
+        index = _IntegerKeys(parts, types) if len(ids) == 1 and _integer_like(types[0]) else _HashedKeys(parts, types)
+        del parts
+        pa.default_memory_pool().release_unused()  # the delete files' buffers: give the pages back
+        return index
 
 
 _EMPTY = np.empty(0, dtype=np.int64)
@@ -195,22 +214,6 @@ _EMPTY_FILES = np.empty(0, dtype=np.int32)
 def _ids_key(equality_ids: Sequence[int] | None) -> tuple[int, ...]:
     """Equality ids as a set (the order of a file's columns does not change what it deletes)."""
     return tuple(sorted(equality_ids or ()))
-
-
-def _key_columns(batch: pa.RecordBatch, ids: tuple[int, ...]) -> list[pa.Array]:
-    by_id = {}
-    for index, f in enumerate(batch.schema):
-        if f.metadata and FIELD_ID in f.metadata:
-            by_id[int(f.metadata[FIELD_ID])] = index
-    try:
-        return [batch.column(by_id[i]) for i in ids]
-    except KeyError as exc:
-        raise DeleteFileError(f"the rows being rewritten have no column for field id {exc.args[0]}") from None
-
-
-def _path_codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
-    encoded = pc.dictionary_encode(column.combine_chunks())
-    return encoded.indices.to_numpy(zero_copy_only=False), encoded.dictionary.to_pylist()
 
 
 def _integer_like(t: pa.DataType) -> bool:
@@ -273,11 +276,9 @@ class _IntegerKeys(_KeyIndex):
                 null_files.append(i)
         self._keys, inverse = np.unique(np.concatenate(values), return_inverse=True)
         null_slot = len(self._keys)
-        pair_slot = np.concatenate([inverse.astype(np.int64), np.full(len(null_files), null_slot, np.int64)])
+        pair_slot = np.concatenate([inverse.astype(np.int32), np.full(len(null_files), null_slot, np.int32)])
         pair_file = np.concatenate([*files, np.array(null_files, dtype=np.int32)])
-        # each (key, file) pair once: keys repeated inside one file cost nothing later
-        pairs = np.unique(np.stack([pair_slot, pair_file.astype(np.int64)]), axis=1)
-        super().__init__(pairs[0], pairs[1].astype(np.int32), null_slot + 1)
+        super().__init__(pair_slot, pair_file, null_slot + 1)  # a key twice in a file: a harmless repeat
 
     def slot(self, columns: list[pa.Array]) -> np.ndarray:
         column = columns[0].cast(self._type)
