@@ -5,32 +5,52 @@ job built as the driver builds it (which deletes apply to which source: lake.del
 
 from __future__ import annotations
 
+import datetime as dt
+import math
 import tempfile
 from collections import Counter
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.io.pyarrow import PyArrowFileIO, schema_to_pyarrow
 from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.transforms import IdentityTransform
-from pyiceberg.types import IntegerType, LongType, NestedField, StringType
+from pyiceberg.types import (
+    BinaryType,
+    BooleanType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    IntegerType,
+    LongType,
+    NestedField,
+    StringType,
+    TimestampType,
+    TimestamptzType,
+)
 
 from compaction_assets.bench.cdc_worker import cdc_table, peak_rss_with_keys, position_deletes, rewrite_job
 from compaction_assets.demo import append_fragments
 from compaction_assets.execution import worker
+from compaction_assets.execution.deletes import GroupDeletes
 from compaction_assets.execution.source_reader import SourceReader
 from compaction_assets.execution.worker import (
+    DeleteSpec,
     RewriteJob,
+    SourceFile,
     outcome_from_row,
     rewrite_group,
     rewrite_partition_batches,
@@ -346,3 +366,67 @@ def test_a_million_equality_keys_stay_under_512_mb(tmp_path: Path) -> None:
 
     assert deleted == 200_000
     assert 0 < peak < 512 * 2**20
+
+
+# the key index alone, on every kind of key column, and with a hash that always collides
+
+_KEY_TYPES = {
+    "long": (LongType(), [1, 2, None, 1 << 40]),
+    "int-as-long": (LongType(), [3, None]),  # delete file written with int32 values
+    "string": (StringType(), ["a", "", None, "ß"]),
+    "date": (DateType(), [dt.date(2024, 1, 1), None]),
+    "timestamp": (TimestampType(), [dt.datetime(2024, 1, 1, 12), None]),
+    "timestamptz": (TimestamptzType(), [dt.datetime(2024, 1, 1, 12, tzinfo=dt.UTC)]),
+    "boolean": (BooleanType(), [True, None]),
+    "decimal": (DecimalType(10, 2), [Decimal("1.50"), None]),
+    "binary": (BinaryType(), [b"\x00\x01", None]),
+    "double": (DoubleType(), [0.5, float("nan"), None]),
+}
+
+
+def _same(a: Any, b: Any) -> bool:  # noqa: ANN401
+    """Iceberg equality with NULL equal to NULL and NaN equal to NaN."""
+    if a is None or b is None:
+        return a is None and b is None
+    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
+
+
+@pytest.mark.parametrize("colliding", [False, True], ids=["hash", "every-hash-collides"])
+@pytest.mark.parametrize("kind", sorted(_KEY_TYPES))
+def test_key_index_matches_null_safe_on_every_type(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str, colliding: bool
+) -> None:
+    """Delete file 0 keys on `key` alone (every value but the second, written narrower for
+    int-as-long); file 1 on (tag, key) with tag "t" and every value. Data: each value with tag
+    "t" and again with "u"."""
+    from compaction_assets.execution import deletes as module
+
+    if colliding:  # every key and row shares one hash: only the exact comparison decides
+        monkeypatch.setattr(module, "_row_hashes", lambda table: np.zeros(table.num_rows, np.uint64))
+    iceberg_type, values = _KEY_TYPES[kind]
+    schema = Schema(NestedField(5, "key", iceberg_type, required=False), NestedField(6, "tag", StringType()))
+    arrow = schema_to_pyarrow(schema)
+    only_key = values[:1] + values[2:]
+    key_path, pair_path = tmp_path / "key.parquet", tmp_path / "pair.parquet"
+    key_field = arrow.field(0).with_type(pa.int32()) if kind == "int-as-long" else arrow.field(0)
+    pq.write_table(pa.table([pa.array(only_key, key_field.type)], schema=pa.schema([key_field])), key_path)
+    pq.write_table(pa.table([pa.array(values, arrow.field(0).type), ["t"] * len(values)], schema=arrow), pair_path)
+    specs = [DeleteSpec(f"file://{key_path}", 2, 0, 0, [5]), DeleteSpec(f"file://{pair_path}", 2, 0, 0, [6, 5])]
+    keys, tags = values * 2, ["t"] * len(values) + ["u"] * len(values)
+    batch = pa.RecordBatch.from_arrays([pa.array(keys, arrow.field(0).type), pa.array(tags)], schema=arrow)
+
+    for applying in ([0], [1], [0, 1]):
+        source = SourceFile("data.parquet", 0, batch.num_rows, list(applying))
+        group = GroupDeletes(PyArrowFileIO(), schema, None, [source], specs)
+        kept = group.apply(source, 0, batch)
+
+        expected = [
+            (k, t)
+            for k, t in zip(keys, tags, strict=True)
+            if not (0 in applying and any(_same(k, v) for v in only_key))
+            and not (1 in applying and t == "t" and any(_same(k, v) for v in values))
+        ]
+        got = list(zip(kept.column(0).to_pylist(), kept.column(1).to_pylist(), strict=True))
+        assert len(got) == len(expected), (applying, got, expected)
+        assert all(_same(g[0], e[0]) and g[1] == e[1] for g, e in zip(got, expected, strict=True)), (got, expected)
+        assert group.rows_deleted == batch.num_rows - len(expected)

@@ -295,36 +295,43 @@ class _HashedKeys(_KeyIndex):
     """Any columns: distinct key rows sorted by a 64-bit row hash; a hash hit is verified exactly."""
 
     def __init__(self, parts: list[tuple[int, pa.Table]], types: list[pa.DataType]) -> None:
-        import polars as pl
-
         names = [f"k{j}" for j in range(len(types))]
-        empty = pa.table([pa.array([], t) for t in types], names=names)
-        frames = [
-            pl.from_arrow(table.rename_columns(names)).with_columns(pl.lit(i, pl.Int32).alias("_file"))
-            for i, table in parts or [(0, empty)]
-        ]
-        rows = pl.concat(frames)
-        distinct = rows.select(names).unique()
-        hashes = distinct.hash_rows(seed=HASH_SEED).to_numpy()
+        tables = [table.rename_columns(names) for _, table in parts]
+        every = pa.concat_tables(tables or [pa.table([pa.array([], t) for t in types], names=names)])
+        hashes = np.concatenate([_row_hashes(t) for t in tables] or [np.empty(0, np.uint64)])
         order = np.argsort(hashes, kind="stable")
-        self._hashes = hashes[order]
-        distinct = distinct[order].with_row_index("_slot")
-        pairs = rows.join(distinct, on=names, how="inner", nulls_equal=True).select("_slot", "_file").unique()
-        keys = distinct.drop("_slot").to_arrow(compat_level=pl.CompatLevel.oldest())
-        self._keys = pa.table([c.cast(t) for c, t in zip(keys.columns, types, strict=True)], names=names)
+        hashes = hashes[order]
+        keys = every.take(order).combine_chunks()
+        del every, order
+        # a key repeated (in one file or several) is kept once: drop rows equal to the row before
+        # them (equal hash, then equal values); a repeat that is not adjacent is harmless
+        repeat = np.zeros(len(hashes), dtype=bool)
+        candidate = np.flatnonzero(hashes[1:] == hashes[:-1]) + 1
+        if len(candidate):
+            same = np.ones(len(candidate), dtype=bool)
+            for column in keys.columns:
+                same &= _null_safe_equal(column.take(candidate), column.take(candidate - 1))
+            repeat[candidate[same]] = True
+        self._keys = keys.filter(pa.array(~repeat))
+        self._hashes = hashes[~repeat]
+        self.slots = self._keys.num_rows
+        del keys, hashes, repeat
+        # each delete file's rows looked up as data rows will be: the pairs agree with `slot`
+        pair_slot = [self.slot(t.columns).astype(np.int32) for t in tables]
+        pair_file = [np.full(t.num_rows, i, dtype=np.int32) for (i, _), t in zip(parts, tables, strict=True)]
         super().__init__(
-            pairs["_slot"].to_numpy().astype(np.int64), pairs["_file"].to_numpy().astype(np.int32), len(order)
+            np.concatenate(pair_slot or [np.empty(0, np.int32)]),
+            np.concatenate(pair_file or [np.empty(0, np.int32)]),
+            self.slots,
         )
 
     def slot(self, columns: list[pa.Array]) -> np.ndarray:
-        import polars as pl
-
         none = self.slots
         slots = np.full(len(columns[0]), none, dtype=np.int64)
         if none == 0:
             return slots
         columns = [c.cast(t) for c, t in zip(columns, self._keys.schema.types, strict=True)]
-        hashes = pl.from_arrow(pa.table(columns, names=self._keys.column_names)).hash_rows(seed=HASH_SEED).to_numpy()
+        hashes = _row_hashes(pa.table(columns, names=self._keys.column_names))
         lo = np.searchsorted(self._hashes, hashes, side="left")
         hi = np.searchsorted(self._hashes, hashes, side="right")
         step = 0
@@ -338,6 +345,13 @@ class _HashedKeys(_KeyIndex):
                 equal &= _null_safe_equal(column.take(pa.array(candidate)), key.take(pa.array(at)))
             slots[candidate[equal]] = at[equal]
             step += 1
+
+
+def _row_hashes(table: pa.Table) -> np.ndarray:
+    """A 64-bit hash of each row (Polars; NULL hashes as itself); equal rows of equal types hash equal."""
+    import polars as pl
+
+    return pl.from_arrow(table).hash_rows(seed=HASH_SEED).to_numpy()
 
 
 def _null_safe_equal(left: pa.Array, right: pa.ChunkedArray | pa.Array) -> np.ndarray:
