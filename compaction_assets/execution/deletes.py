@@ -4,8 +4,9 @@ The driver lists, per source, the delete files that apply to it (lake.deletes.Ap
 `GroupDeletes.apply` removes the rows they delete from each batch the SourceReader yields, the
 batch already projected onto the current table schema (columns carry their Iceberg field ids):
 - **position deletes**: rows of the delete files whose `file_path` is the source's path, at those
-  0-based positions. Each position-delete file is read once per group, filtered to the group's
-  paths; a source's positions are kept as one sorted, deduplicated int64 array.
+  0-based positions. Each position-delete file is read once per group (its file_path column
+  dictionary-encoded), keeping the rows of the group's sources; a source's positions are one
+  sorted int64 array (8 bytes per deleted row; repeats are harmless), not a Python set.
 - **equality deletes**: a row is deleted if its `equality_ids` columns equal, with SQL null-safe
   equality (NULL equals NULL), a row of an applying equality-delete file. Delete values are read
   by field id and cast to the column's current type. All delete files of the group with the same
@@ -14,8 +15,12 @@ batch already projected onto the current table schema (columns carry their Icebe
   files applying to it holds that key (a byte per key, cached per distinct set of files).
   One integer-like column is matched exactly on a sorted array (`np.searchsorted`); other keys by
   a 64-bit row hash (Polars `hash_rows`) on a sorted hash array, every hash match verified value by
-  value, so a collision never deletes a row. Memory: the keys once (1 M long keys ~ 30 MB), not a
-  copy per source or per batch; lookups cost O(rows log keys) and never rebuild a hash table.
+  value (NaN equals NaN, as Java's comparators have it), so a collision never deletes a row.
+  Memory: the keys once, not a copy per source or per batch (measured: 1 M long keys add ~90 MB to
+  the peak while built, ~50 MB after; 1 M (long, string) keys ~125 MB); lookups cost
+  O(rows log keys) and never rebuild a hash table.
+Equality ids must be top-level columns of the current schema: a key on a dropped or nested field
+fails the group (DeleteFileError) before anything is read.
 """
 
 from __future__ import annotations
@@ -75,7 +80,8 @@ class GroupDeletes:
             for field_id in spec.equality_ids or ():
                 if field_id in top_level:
                     continue
-                where = "a nested field" if schema._lazy_id_to_name.get(field_id) else "no column of the current schema"
+                nested = schema.find_column_name(field_id) is not None
+                where = "a nested field" if nested else "no column of the current schema"
                 raise DeleteFileError(
                     f"equality delete file {spec.path} matches on field id {field_id}, which is {where}: "
                     "it cannot be applied"
@@ -236,7 +242,7 @@ class _KeyIndex:
     A lookup gives each row its key's slot, or `slots` ("no key": the masks' trailing False)."""
 
     def __init__(self, pair_slot: np.ndarray, pair_file: np.ndarray, slots: int) -> None:
-        self._pair_slot = pair_slot  # int64: the slot of each distinct (key, delete file) pair
+        self._pair_slot = pair_slot  # the slot of each (key, delete file) pair (repeats are harmless)
         self._pair_file = pair_file  # int32: the delete (index into the group's deletes) of each pair
         self.slots = slots
         self._active: OrderedDict[frozenset[int], np.ndarray] = OrderedDict()
