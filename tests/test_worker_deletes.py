@@ -44,6 +44,7 @@ from pyiceberg.types import (
 
 from compaction_assets.bench.cdc_worker import cdc_table, peak_rss_with_keys, position_deletes, rewrite_job
 from compaction_assets.demo import append_fragments
+from compaction_assets.execution import deletes as deletes_module
 from compaction_assets.execution import worker
 from compaction_assets.execution.deletes import GroupDeletes
 from compaction_assets.execution.source_reader import SourceReader
@@ -151,7 +152,11 @@ def test_position_and_equality_deletes_in_a_partitioned_table(catalog: SqlCatalo
         table,
         [
             position_deletes(
-                table, {eu[0].file_path: [0, 3, 39], eu[1].file_path: [5, 6], eu[2].file_path: [0]}, 0, eu[0].partition
+                table,
+                {eu[0].file_path: [0, 3, 39], eu[1].file_path: [5, 6], eu[2].file_path: [0]},
+                0,
+                eu[0].partition,
+                row_group_size=2,
             ),
             position_delete_file(table, eu[0], [3, 4, 10]),
             position_delete_file(table, us[1], [1, 2, 3]),
@@ -208,7 +213,9 @@ def test_equality_delete_on_a_promoted_and_renamed_column(catalog: SqlCatalog, r
     assert_rewrite_keeps_live_rows(table)
 
 
-def test_files_without_field_ids_are_read_through_the_name_mapping(catalog: SqlCatalog, tmp_path: Path) -> None:
+def test_files_without_field_ids_are_read_through_the_name_mapping(
+    catalog: SqlCatalog, tmp_path: Path, read_path: str
+) -> None:
     table = catalog.create_table("ns.t", schema=SCHEMA)
     paths = []
     for i in range(3):
@@ -344,19 +351,30 @@ def test_property_output_is_the_live_rows(events: list[tuple], projected: bool, 
         catalog.engine.dispose()
 
 
-def test_a_cdc_table_split_in_two_groups(tmp_path: Path) -> None:
+def test_a_cdc_table_split_in_two_groups(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Global equality deletes and position-delete files naming several data files, two groups
     (the bench's table, small): every group applies all of them to its own sources."""
-    table = cdc_table(tmp_path, files=12, rows_per_file=50, equality_files=4, position_files=3)
+    # position-delete row groups of 3 rows: the row groups naming only the other group's files are skipped
+    table = cdc_table(tmp_path, files=12, rows_per_file=50, equality_files=4, position_files=3, position_row_group=3)
     expected = Counter(row_key(r) for r in spec_rows(table))
     job = rewrite_job(table, parts=2)
     assert len(job.groups) == 2
+    pruned = []  # row groups skipped, per position-delete file read
+    admitting = deletes_module._row_groups_admitting
+
+    def counting(metadata: pq.FileMetaData, column: str, paths: set[str]) -> list[int]:
+        groups = admitting(metadata, column, paths)
+        pruned.append(metadata.num_row_groups - len(groups))
+        return groups
+
+    monkeypatch.setattr(deletes_module, "_row_groups_admitting", counting)
 
     outcomes = [rewrite_group(job, i) for i in range(2)]
 
     assert [o.error for o in outcomes] == [None, None]
     assert Counter(row_key(r) for o in outcomes for r in _written(o.data_files)) == expected
     assert sum(o.rows_deleted for o in outcomes) == 600 - sum(expected.values()) == 120
+    assert sum(pruned) > 0
 
 
 @pytest.mark.slow
@@ -399,10 +417,8 @@ def test_key_index_matches_null_safe_on_every_type(
     """Delete file 0 keys on `key` alone (every value but the second, written narrower for
     int-as-long); file 1 on (tag, key) with tag "t" and every value. Data: each value with tag
     "t" and again with "u"."""
-    from compaction_assets.execution import deletes as module
-
     if colliding:  # every key and row shares one hash: only the exact comparison decides
-        monkeypatch.setattr(module, "_row_hashes", lambda table: np.zeros(table.num_rows, np.uint64))
+        monkeypatch.setattr(deletes_module, "_row_hashes", lambda table: np.zeros(table.num_rows, np.uint64))
     iceberg_type, values = _KEY_TYPES[kind]
     schema = Schema(NestedField(5, "key", iceberg_type, required=False), NestedField(6, "tag", StringType()))
     arrow = schema_to_pyarrow(schema)

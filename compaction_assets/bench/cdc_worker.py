@@ -41,8 +41,11 @@ from compaction_assets.lake.files import live_files
 BASELINE_CHUNK_ROWS = 500_000
 
 
-def position_deletes(table: Table, targets: dict[str, list[int]], spec_id: int, partition: Record) -> DataFile:
-    """One position-delete file listing positions of several data files, as Spark writes them."""
+def position_deletes(
+    table: Table, targets: dict[str, list[int]], spec_id: int, partition: Record, row_group_size: int | None = None
+) -> DataFile:
+    """One position-delete file listing positions of several data files, as Spark writes them
+    (sorted by file_path and pos)."""
     schema = pa.schema(
         [
             pa.field("file_path", pa.string(), nullable=False, metadata={b"PARQUET:field_id": str(FILE_PATH_ID)}),
@@ -53,7 +56,7 @@ def position_deletes(table: Table, targets: dict[str, list[int]], spec_id: int, 
     rows = pa.table({"file_path": [p for p, _ in pairs], "pos": [q for _, q in pairs]}, schema=schema)
     path = f"{table.location().rstrip('/')}/data/pos-delete-{uuid.uuid4().hex}.parquet"
     with table.io.new_output(path).create() as stream:
-        pq.write_table(rows, stream)
+        pq.write_table(rows, stream, row_group_size=row_group_size)
     delete_file = DataFile.from_args(
         content=DataFileContent.POSITION_DELETES,
         file_path=path,
@@ -130,6 +133,7 @@ def cdc_table(
     deleted_share: float = 0.2,
     extra_keys: int = 0,
     seed: int = 5,
+    position_row_group: int | None = None,
 ) -> Table:
     """An unpartitioned table of `files` data files, `deleted_share` of its rows deleted: three
     quarters by `equality_files` equality deletes on id, the rest by `position_files` position
@@ -157,7 +161,7 @@ def cdc_table(
         targets = {data[i]: (by_position[owner == i] % rows_per_file).tolist() for i in run}
         targets = {path: positions for path, positions in targets.items() if positions}
         if targets:
-            positional.append(position_deletes(table, targets, 0, Record()))
+            positional.append(position_deletes(table, targets, 0, Record(), position_row_group))
     commit_delete_files(table, positional)
     return catalog.load_table("bench.cdc")
 

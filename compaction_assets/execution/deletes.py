@@ -5,7 +5,8 @@ The driver lists, per source, the delete files that apply to it (lake.deletes.Ap
 batch already projected onto the current table schema (columns carry their Iceberg field ids):
 - **position deletes**: rows of the delete files whose `file_path` is the source's path, at those
   0-based positions. Each position-delete file is read once per group (its file_path column
-  dictionary-encoded), keeping the rows of the group's sources; a source's positions are one
+  dictionary-encoded, only row groups whose file_path statistics admit a source of the group),
+  keeping the rows of the group's sources; a source's positions are one
   sorted int64 array (8 bytes per deleted row; repeats are harmless), not a Python set.
 - **equality deletes**: a row is deleted if its `equality_ids` columns equal, with SQL null-safe
   equality (NULL equals NULL), a row of an applying equality-delete file. Delete values are read
@@ -25,6 +26,7 @@ fails the group (DeleteFileError) before anything is read.
 
 from __future__ import annotations
 
+import bisect
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -153,7 +155,7 @@ class GroupDeletes:
         for i, paths in wanted.items():
             spec = self._deletes[i]
             try:
-                table = self._read(spec.path, {FILE_PATH_ID: "file_path", POS_ID: "pos"}, dictionary=True)
+                table = self._read(spec.path, {FILE_PATH_ID: "file_path", POS_ID: "pos"}, paths)
                 files = table.column(0).unify_dictionaries().combine_chunks()
                 if not pa.types.is_dictionary(files.type):
                     files = pc.dictionary_encode(files)
@@ -166,15 +168,20 @@ class GroupDeletes:
                     found.setdefault(path, []).append(pos[codes == code])
         return {path: np.sort(np.concatenate(parts)).astype(np.int64) for path, parts in found.items()}
 
-    def _read(self, path: str, columns: dict[int, str | None], dictionary: bool = False) -> pa.Table:
+    def _read(self, path: str, columns: dict[int, str | None], paths: set[str] | None = None) -> pa.Table:
         """Columns of a delete file by field id (else the spec's name, else the table's name
-        mapping), named by field id; the first one dictionary-encoded if `dictionary`."""
+        mapping), named by field id. With `paths`: a position-delete file, its file_path column
+        dictionary-encoded, only the row groups whose file_path statistics admit one of `paths`."""
         with self._io.new_input(path).open() as stream:
             # a first column under another name than the spec's is read plain (and encoded by the caller)
-            parquet = pq.ParquetFile(stream, read_dictionary=[columns[next(iter(columns))]] if dictionary else None)
+            parquet = pq.ParquetFile(stream, read_dictionary=None if paths is None else ["file_path"])
             physical = parquet.schema_arrow
             names = [self._column_name(physical, field_id, fallback, path) for field_id, fallback in columns.items()]
-            table = parquet.read(columns=names, use_threads=False)
+            if paths is None:
+                table = parquet.read(columns=names, use_threads=False)
+            else:
+                groups = _row_groups_admitting(parquet.metadata, names[0], paths)
+                table = parquet.read_row_groups(groups, columns=names, use_threads=False)
         return table.rename_columns([str(i) for i in columns])
 
     def _column_name(self, physical: pa.Schema, field_id: int, fallback: str | None, path: str) -> str:
@@ -220,6 +227,24 @@ _EMPTY_FILES = np.empty(0, dtype=np.int32)
 def _ids_key(equality_ids: Sequence[int] | None) -> tuple[int, ...]:
     """Equality ids as a set (the order of a file's columns does not change what it deletes)."""
     return tuple(sorted(equality_ids or ()))
+
+
+def _row_groups_admitting(metadata: pq.FileMetaData, column: str, paths: set[str]) -> list[int]:
+    """Row groups whose min/max statistics of `column` admit one of `paths` (all, without them).
+    Truncated statistics stay bounds (Parquet writers round a truncated max up), so this is safe."""
+    ordered = sorted(p.encode() for p in paths)
+    leaf = next((j for j in range(metadata.num_columns) if metadata.schema.column(j).path == column), None)
+    groups = []
+    for g in range(metadata.num_row_groups):
+        stats = metadata.row_group(g).column(leaf).statistics if leaf is not None else None
+        if stats is None or not stats.has_min_max:
+            groups.append(g)
+            continue
+        low, high = (v.encode() if isinstance(v, str) else v for v in (stats.min, stats.max))
+        k = bisect.bisect_left(ordered, low)
+        if k < len(ordered) and ordered[k] <= high:
+            groups.append(g)
+    return groups
 
 
 def _integer_like(t: pa.DataType) -> bool:
