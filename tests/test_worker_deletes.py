@@ -446,3 +446,29 @@ def test_key_index_matches_null_safe_on_every_type(
         assert len(got) == len(expected), (applying, got, expected)
         assert all(_same(g[0], e[0]) and g[1] == e[1] for g, e in zip(got, expected, strict=True)), (got, expected)
         assert group.rows_deleted == batch.num_rows - len(expected)
+
+
+def test_many_delete_histories_share_one_key_index(catalog: SqlCatalog, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CDC history: each commit's data, then an equality delete on id and on (k, n): every data
+    file has its own set of applying deletes (the later ones). More sets than masks are cached."""
+    monkeypatch.setattr(deletes_module, "ACTIVE_CACHE", 2)
+    table = catalog.create_table("ns.t", schema=SCHEMA, properties=SMALL_ROW_GROUPS)
+    for step in range(10):
+        append_fragments(table, [_rows(step * 20, 20, "x")])
+        table = catalog.load_table("ns.t")
+        partition = _data_files(table)[0].partition
+        earlier = list(range(0, step * 20 + 20, 7))  # ids of this and every earlier commit
+        commit_delete_files(
+            table,
+            [
+                equality_delete_file(table, 0, partition, ["id"], [{"id": i} for i in earlier[step % 3 :: 3]]),
+                equality_delete_file(table, 0, partition, ["k", "n"], [{"k": f"k{step % 7}", "n": step % 11}]),
+            ],
+        )
+        table = catalog.load_table("ns.t")
+    job = build_job(table)
+    assert len({tuple(s.deletes) for s in job.groups[0].sources}) == 10
+
+    outcomes = assert_rewrite_keeps_live_rows(table)
+
+    assert outcomes[0].rows_deleted > 0

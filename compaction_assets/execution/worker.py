@@ -188,15 +188,13 @@ def rewrite_group(job: RewriteJob, index: int) -> GroupOutcome:
     reader = SourceReader(metadata, io, spec.sources, partition, spec.spec_id, writer.convert, deletes)
     if (written := _rewrite_with_polars(spec, metadata, io, partition, reader, writer)) is not None:
         return GroupOutcome(index, written, None, sum(s.records for s in spec.sources), bytes_in, peak_rss(), "polars")
-    rows = 0
     try:
         batches = reader.batches()
         if job.sort_columns:
             batches = _sorted(batches, job.sort_columns)
         for batch in batches:
-            rows += batch.num_rows
             writer.write(batch)
-            if rows >= spec.sources[0].records:
+            if reader.rows_read >= spec.sources[0].records:  # decoded, so deletes cannot skip it
                 crash_point("worker_mid_group")
         written = writer.close()
         return GroupOutcome(
