@@ -472,3 +472,24 @@ def test_many_delete_histories_share_one_key_index(catalog: SqlCatalog, monkeypa
     outcomes = assert_rewrite_keeps_live_rows(table)
 
     assert outcomes[0].rows_deleted > 0
+
+
+def test_a_missing_delete_file_fails_the_group_naming_it(catalog: SqlCatalog, read_path: str) -> None:
+    table = catalog.create_table("ns.t", schema=SCHEMA)
+    append_fragments(table, [_rows(i * 20, 20, "x") for i in range(2)])
+    files = _data_files(table)
+    commit_delete_files(
+        table,
+        [
+            position_delete_file(table, files[0], [1]),
+            equality_delete_file(table, 0, files[0].partition, ["k"], [{"k": "k1"}]),
+        ],
+    )
+    job = build_job(catalog.load_table("ns.t"))
+    for victim in job.groups[0].deletes:
+        Path(urlparse(victim.path).path).rename(urlparse(victim.path).path + ".gone")
+
+        outcome = rewrite_group(job, 0)
+
+        assert outcome.data_files == [] and victim.path in outcome.error and "delete file" in outcome.error
+        Path(urlparse(victim.path).path + ".gone").rename(urlparse(victim.path).path)

@@ -98,6 +98,12 @@ class GroupDeletes:
         """`batch` (rows `start`.. of `source`, in the output schema) without its deleted rows."""
         if not source.deletes or batch.num_rows == 0:
             return batch
+        try:
+            return self._apply(source, start, batch)
+        except (OSError, pa.ArrowException) as exc:  # not the data file's fault: say so
+            raise DeleteFileError(f"cannot apply delete files to {source.path}: {type(exc).__name__}: {exc}") from exc
+
+    def _apply(self, source, start: int, batch: pa.RecordBatch) -> pa.RecordBatch:  # noqa: ANN001 - SourceFile
         applying = tuple(source.deletes)
         plan = self._plans.get(applying)
         if plan is None:

@@ -4,9 +4,10 @@ Reading (execution/source_reader.py) projects every source file onto the current
 Iceberg field id, as pyiceberg's ArrowScan does (renamed columns keep their values, added columns
 read as null, promoted types are cast); files that need no projection are scanned in bulk.
 Delete files listed for a source (merge-on-read) are applied to its batches as they stream
-(execution/deletes.py). Writing goes through pyiceberg's Parquet writer, so result files carry field ids and the column
-statistics pyiceberg computes. Both stream record batches:
-memory is bounded by one row-group buffer, not by the size of the group.
+(execution/deletes.py); a group with deletes never takes the Polars path. Writing goes through
+pyiceberg's Parquet writer, so result files carry field ids and the column statistics pyiceberg
+computes. Both stream record batches: memory is bounded by one row-group buffer (plus the group's
+delete keys and positions), not by the size of the group.
 """
 
 from __future__ import annotations
