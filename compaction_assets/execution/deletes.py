@@ -318,14 +318,17 @@ class _IntegerKeys(_KeyIndex):
         super().__init__(pair_slot, pair_file, null_slot + 1)  # a key twice in a file: a harmless repeat
 
     def slot(self, columns: list[pa.Array]) -> np.ndarray:
-        column = columns[0].cast(self._type)
+        column = columns[0] if columns[0].type == self._type else columns[0].cast(self._type)
         values = _as_int64(column)
-        valid = column.is_valid().to_numpy(zero_copy_only=False)
         null_slot, none = len(self._keys), self.slots
         if len(self._keys) == 0:
-            return np.where(valid, none, null_slot)
-        at = np.minimum(np.searchsorted(self._keys, values), len(self._keys) - 1)
-        return np.where(valid, np.where(self._keys[at] == values, at, none), null_slot)
+            found = np.full(len(values), none)
+        else:
+            at = np.minimum(np.searchsorted(self._keys, values), len(self._keys) - 1)
+            found = np.where(self._keys[at] == values, at, none)
+        if column.null_count == 0:
+            return found
+        return np.where(column.is_valid().to_numpy(zero_copy_only=False), found, null_slot)
 
 
 class _HashedKeys(_KeyIndex):
@@ -409,4 +412,8 @@ def _as_int64(column: pa.Array) -> np.ndarray:
             column = column.cast(pa.int8())
         else:  # dates, times and timestamps: their integer storage
             column = column.view(pa.int32() if column.type.bit_width == 32 else pa.int64())
-    return pc.fill_null(column, 0).cast(pa.int64()).to_numpy(zero_copy_only=False)
+    if column.null_count:
+        column = pc.fill_null(column, 0)
+    if column.type != pa.int64():
+        column = column.cast(pa.int64())
+    return column.to_numpy(zero_copy_only=False)
