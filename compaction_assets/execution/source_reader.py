@@ -10,6 +10,10 @@ Two paths, same rows:
   missing ids without a name mapping) goes through pyiceberg's ArrowScan one file at a time, which
   projects it onto the current schema by field id.
 
+Both apply the group's delete files (execution/deletes.py) to each batch after conversion: a
+bulk scan's batches are tagged with their file, in each file's row order, so row positions are
+counted per file on either path.
+
 Whether a physical schema qualifies is decided once per distinct schema, by running pyiceberg's
 own projection on an empty batch of it: the bulk path is taken only where that projection is a
 pure relabel.
@@ -32,6 +36,7 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.typedef import Record
 
 from compaction_assets.errors import InputFileError
+from compaction_assets.execution.deletes import GroupDeletes
 
 MiB = 1024 * 1024
 READAHEAD_BYTES = 64 * MiB  # source bytes one bulk scan may have in flight
@@ -54,6 +59,7 @@ class SourceReader:
         partition: Record,
         spec_id: int,
         convert: Callable[[pa.RecordBatch], pa.RecordBatch],
+        deletes: GroupDeletes | None = None,
     ) -> None:
         self._metadata = metadata
         self._io = io
@@ -61,6 +67,8 @@ class SourceReader:
         self._partition = partition
         self._spec_id = spec_id
         self._convert = convert
+        self._deletes = deletes
+        self.rows_read = 0  # rows decoded, deleted ones included
         self._schema = metadata.schema()
         self._downcast = metadata.format_version <= 2
         self._targets: dict[str, pa.Schema | None] = {}  # by physical schema, field ids included
@@ -166,11 +174,21 @@ class SourceReader:
         sources = [s for s, _ in window]
         fragments = [f for _, f in window]
         dataset = ds.FileSystemDataset(fragments, fragments[0].physical_schema, self._format, fragments[0].filesystem)
+        scanner = dataset.scanner(use_threads=True, fragment_readahead=len(fragments), batch_readahead=4)
+        by_path = {f.path: s for s, f in window}
+        offsets = dict.fromkeys(by_path, 0)  # rows of each file seen so far: its next row's position
         read = 0
         try:
-            for batch in dataset.to_batches(use_threads=True, fragment_readahead=len(fragments), batch_readahead=4):
+            # tagged batches come in each file's row order, so a file's positions can be counted
+            for tagged in scanner.scan_batches():
+                batch, path = tagged.record_batch, tagged.fragment.path
                 read += batch.num_rows
-                yield pa.RecordBatch.from_arrays(batch.columns, schema=target)
+                self.rows_read += batch.num_rows
+                batch = pa.RecordBatch.from_arrays(batch.columns, schema=target)
+                if self._deletes is not None:
+                    batch = self._deletes.apply(by_path[path], offsets[path], batch)
+                    offsets[path] += tagged.record_batch.num_rows
+                yield batch
         except (OSError, pa.ArrowException) as exc:
             raise self._culprit(sources, fragments, exc) from exc
         expected = sum(s.records for s in sources)
@@ -208,8 +226,12 @@ class SourceReader:
                 break
             except Exception as exc:
                 raise _unreadable(source.path, exc) from exc
+            converted = self._convert(batch)
+            if self._deletes is not None:
+                converted = self._deletes.apply(source, read, converted)
             read += batch.num_rows
-            yield self._convert(batch)
+            self.rows_read += batch.num_rows
+            yield converted
         if read != source.records:
             raise _count_mismatch(source.path, read, source.records)
 

@@ -3,9 +3,11 @@
 Reading (execution/source_reader.py) projects every source file onto the current table schema by
 Iceberg field id, as pyiceberg's ArrowScan does (renamed columns keep their values, added columns
 read as null, promoted types are cast); files that need no projection are scanned in bulk.
-Writing goes through pyiceberg's Parquet writer, so result files carry field ids and the column
-statistics pyiceberg computes. Both stream record batches:
-memory is bounded by one row-group buffer, not by the size of the group.
+Delete files listed for a source (merge-on-read) are applied to its batches as they stream
+(execution/deletes.py); a group with deletes never takes the Polars path. Writing goes through
+pyiceberg's Parquet writer, so result files carry field ids and the column statistics pyiceberg
+computes. Both stream record batches: memory is bounded by one row-group buffer (plus the group's
+delete keys and positions), not by the size of the group.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from pyiceberg.typedef import Record
 
 from compaction_assets.errors import InputFileError
 from compaction_assets.execution import polars_rewrite
+from compaction_assets.execution.deletes import GroupDeletes
 from compaction_assets.execution.source_reader import SourceReader
 from compaction_assets.faults import crash_point
 from compaction_assets.lake.datafile_codec import datafile_from_json, datafile_to_json, decode_partition
@@ -36,7 +39,8 @@ from compaction_assets.lake.datafile_codec import datafile_from_json, datafile_t
 MiB = 1024 * 1024
 MAX_BUFFER_BYTES = 32 * MiB  # Arrow bytes buffered before a row group is written
 RESULT_SCHEMA = (
-    "group INT, data_files STRING, error STRING, rows_read BIGINT, bytes_read BIGINT, peak_rss BIGINT, engine STRING"
+    "group INT, data_files STRING, error STRING, rows_read BIGINT, bytes_read BIGINT, peak_rss BIGINT, engine STRING, "
+    "rows_deleted BIGINT"
 )
 
 
@@ -135,6 +139,7 @@ def rewrite_partition_batches(job_json: str, batches: Iterator[pa.RecordBatch]) 
                         "bytes_read": outcome.bytes_read,
                         "peak_rss": outcome.peak_rss,
                         "engine": outcome.engine,
+                        "rows_deleted": outcome.rows_deleted,
                     }
                 ],
                 schema=_RESULT_ARROW_SCHEMA,
@@ -150,6 +155,7 @@ _RESULT_ARROW_SCHEMA = pa.schema(
         ("bytes_read", pa.int64()),
         ("peak_rss", pa.int64()),
         ("engine", pa.string()),
+        ("rows_deleted", pa.int64()),
     ]
 )
 
@@ -163,6 +169,7 @@ def outcome_from_row(row: dict) -> GroupOutcome:
         bytes_read=row["bytes_read"],
         peak_rss=row["peak_rss"],
         engine=row["engine"],
+        rows_deleted=row["rows_deleted"],
     )
 
 
@@ -174,26 +181,30 @@ def rewrite_group(job: RewriteJob, index: int) -> GroupOutcome:
     io = load_file_io(job.io_properties, metadata.location)
     partition = decode_partition(spec.partition)
     writer = RollingWriter(io, metadata, partition, spec, job.target_file_size_bytes, index)
-    reader = SourceReader(metadata, io, spec.sources, partition, spec.spec_id, writer.convert)
     bytes_in = sum(s.size for s in spec.sources)
+    try:
+        deletes = GroupDeletes(io, metadata.schema(), metadata.name_mapping(), spec.sources, spec.deletes)
+    except InputFileError as exc:  # an equality delete the rewrite cannot apply: fail, nothing written
+        return GroupOutcome(index, [], str(exc), 0, 0, peak_rss())
+    reader = SourceReader(metadata, io, spec.sources, partition, spec.spec_id, writer.convert, deletes)
     if (written := _rewrite_with_polars(spec, metadata, io, partition, reader, writer)) is not None:
         return GroupOutcome(index, written, None, sum(s.records for s in spec.sources), bytes_in, peak_rss(), "polars")
-    rows = 0
     try:
         batches = reader.batches()
         if job.sort_columns:
             batches = _sorted(batches, job.sort_columns)
         for batch in batches:
-            rows += batch.num_rows
             writer.write(batch)
-            if rows >= spec.sources[0].records:
+            if reader.rows_read >= spec.sources[0].records:  # decoded, so deletes cannot skip it
                 crash_point("worker_mid_group")
         written = writer.close()
-        return GroupOutcome(index, written, None, rows, bytes_in, peak_rss())
+        return GroupOutcome(
+            index, written, None, reader.rows_read, bytes_in, peak_rss(), rows_deleted=deletes.rows_deleted
+        )
     except Exception as exc:  # reported to the driver, which fails the attempt with this message
         writer.abort()
         error = str(exc) if isinstance(exc, InputFileError) else repr(exc)
-        return GroupOutcome(index, [], error, rows, 0, peak_rss())
+        return GroupOutcome(index, [], error, reader.rows_read, 0, peak_rss(), rows_deleted=deletes.rows_deleted)
 
 
 def _rewrite_with_polars(
@@ -205,8 +216,8 @@ def _rewrite_with_polars(
     writer: RollingWriter,
 ) -> list[DataFile] | None:
     """The group through Polars if the driver found it fit (see polars_rewrite); None: use the
-    per-file path."""
-    if not spec.polars:
+    per-file path. Polars applies no deletes: a group with any never takes it, whatever the driver said."""
+    if not spec.polars or spec.deletes or any(s.deletes for s in spec.sources):
         return None
     try:
         physical = pq.read_schema(polars_rewrite.local_path(io, spec.sources[0].path))
