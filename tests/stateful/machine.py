@@ -452,8 +452,8 @@ class TableHistory(RuleBasedStateMachine):
         with table.transaction() as txn:
             if props := MOR_TUNINGS[mode]:
                 txn.set_properties(props)
-            else:
-                txn.remove_properties(*{k for p in MOR_TUNINGS.values() for k in p})
+            elif tuned := {k for p in MOR_TUNINGS.values() for k in p} & set(table.properties):
+                txn.remove_properties(*tuned)
 
     @rule()
     def expire_snapshots_by_another_engine(self) -> None:
