@@ -335,7 +335,7 @@ def soak(minutes: float, seed: int, slots: int, workdir: str | None, update_read
 @click.option("--large-gib", default=2.0, show_default=True, help="size of the one-group memory run (0: skip)")
 @click.option("--tables", default=1000, show_default=True, help="tables in the sensor-tick scaling run (0: skip)")
 @click.option("--port", default=15102, show_default=True, help="port of the bench's own Spark Connect server")
-@click.option("--runs", default=3, show_default=True, help="cold and warm runs in the fixed-cost comparison")
+@click.option("--runs", default=3, show_default=True, help="cold and warm runs in the fixed-cost comparison (0: skip)")
 @click.option("--repeats", default=5, show_default=True, help="runs per contender per dataset (median reported)")
 @click.option("--dir", "workdir", type=click.Path(), default=None, help="scratch folder (default: a temp folder)")
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON at the end")

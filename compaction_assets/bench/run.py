@@ -266,7 +266,8 @@ def run_bench(
             shutil.rmtree(root / "data", ignore_errors=True)
         report.extras["commits"] = commits_per_table(engine, log)
         spark.stop()
-        report.extras["fixed_cost"] = fixed_cost.measure(config_path, port, runs, log=log)
+        if runs:
+            report.extras["fixed_cost"] = fixed_cost.measure(config_path, port, runs, log=log)
         if tables:
             report.extras["planning"] = planning_scale.measure(config_path, tables, log=log)
     finally:
