@@ -301,17 +301,10 @@ class Engine:
         """Precommit one tier attempt: its position-delete files are durable; PREPARED with them
         (and, for a conversion, the data files it covered)."""
         plan, attempt = item.plan, item.attempt
-        outcome = PartitionOutcome(
-            table_name=attempt.table_name,
-            partition_key=plan.partition_key,
-            status="failed",
-            reason="",
-            kind=str(plan.kind),
-            task_id=attempt.task_id,
-            attempt_id=attempt.attempt_id,
-            files_before=plan.stats.data_files,
+        outcome = _begun_outcome(
+            attempt,
+            plan,
             files_after=plan.stats.data_files,
-            bytes_before=plan.stats.data_bytes,
             bytes_after=plan.stats.data_bytes,
             bytes_rewritten=result.bytes_read,
             rows=plan.stats.records,
@@ -401,16 +394,9 @@ class Engine:
         """Precommit one partition: its result files are durable; PREPARED with their exact list.
         Returns its outcome: "prepared", or "failed" with the reason (the attempt then cleaned up)."""
         plan, attempt = item.plan, item.attempt
-        outcome = PartitionOutcome(
-            table_name=attempt.table_name,
-            partition_key=plan.partition_key,
-            status="failed",
-            reason="",
-            kind=str(plan.kind),
-            task_id=attempt.task_id,
-            attempt_id=attempt.attempt_id,
-            files_before=plan.stats.data_files,
-            bytes_before=plan.stats.data_bytes,
+        outcome = _begun_outcome(
+            attempt,
+            plan,
             files_rewritten=plan.input_files,
             bytes_rewritten=plan.input_bytes,
             rows=attempt.rows_in,
@@ -496,6 +482,22 @@ class Engine:
                         f", {outcome.deletes_applied} delete file(s) applied ({outcome.rows_deleted} row(s) deleted)"
                     )
                 outcome.snapshot_id = result.committed_snapshot_id
+
+
+def _begun_outcome(attempt: Attempt, plan: PartitionPlan, **figures: int | str) -> PartitionOutcome:
+    """A begun attempt's outcome, "failed" until it is prepared, with its plan's figures."""
+    return PartitionOutcome(
+        table_name=attempt.table_name,
+        partition_key=plan.partition_key,
+        status="failed",
+        reason="",
+        kind=str(plan.kind),
+        task_id=attempt.task_id,
+        attempt_id=attempt.attempt_id,
+        files_before=plan.stats.data_files,
+        bytes_before=plan.stats.data_bytes,
+        **figures,
+    )
 
 
 def _skipped(table_name: str, plan: PartitionPlan, reason: str = "") -> PartitionOutcome:

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from pyiceberg.typedef import Record
 
 from compaction_assets.bench import contenders, datasets
-from compaction_assets.bench.datasets import CODEC, Dataset
+from compaction_assets.bench.datasets import Dataset
 from compaction_assets.engine import Engine
 from compaction_assets.lake.delete_files import commit_delete_files, equality_delete_file, position_delete_file
 from compaction_assets.lake.digest import RowsDigest, batches_digest, rows_digest
@@ -107,24 +107,13 @@ def pyarrow_anti_join(
 def _anti_join(sources: list[str], keys: np.ndarray, positions: dict[str, list[int]], out: str, target: int) -> None:
     pa.set_cpu_count(1)
     pa.set_io_thread_count(1)
-    Path(out).mkdir(parents=True, exist_ok=True)
     sorted_keys = np.sort(keys)
-    sink, writer, index = None, None, 0
-    for source in sources:
-        table = pq.read_table(source, use_threads=False)
-        live = table.filter(_keep(table, sorted_keys, positions.get(Path(source).name)))
-        if writer is None:
-            sink = pa.OSFile(f"{out}/part-{index:05d}.parquet", "wb")
-            writer = pq.ParquetWriter(sink, live.schema, compression=CODEC)
-            index += 1
-        writer.write_table(live)
-        if sink.tell() >= target:
-            writer.close()
-            sink.close()
-            writer = None
-    if writer is not None:
-        writer.close()
-        sink.close()
+    tables = (pq.read_table(source, use_threads=False) for source in sources)
+    contenders.write_rolling(
+        (t.filter(_keep(t, sorted_keys, positions.get(Path(s).name))) for s, t in zip(sources, tables, strict=True)),
+        out,
+        target,
+    )
 
 
 def compare_cdc(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import multiprocessing
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -120,19 +121,31 @@ def _deltars_compact(uri: str, target_bytes: int) -> None:
 def _pyarrow_copy(sources: list[str], out: str, target_bytes: int) -> None:
     pa.set_cpu_count(1)
     pa.set_io_thread_count(1)
+    write_rolling(
+        (
+            batch
+            for source in sources
+            for batch in pq.ParquetFile(source).iter_batches(batch_size=65_536, use_threads=False)
+        ),
+        out,
+        target_bytes,
+    )
+
+
+def write_rolling(chunks: Iterable[pa.RecordBatch | pa.Table], out: str, target_bytes: int) -> None:
+    """Write `chunks` into Parquet files in `out`, starting a new file once one passes the target."""
     Path(out).mkdir(parents=True, exist_ok=True)
     sink, writer, index = None, None, 0
-    for source in sources:
-        for batch in pq.ParquetFile(source).iter_batches(batch_size=65_536, use_threads=False):
-            if writer is None:
-                sink = pa.OSFile(f"{out}/part-{index:05d}.parquet", "wb")
-                writer = pq.ParquetWriter(sink, batch.schema, compression=CODEC)
-                index += 1
-            writer.write_batch(batch)
-            if sink.tell() >= target_bytes:
-                writer.close()
-                sink.close()
-                writer = None
+    for chunk in chunks:
+        if writer is None:
+            sink = pa.OSFile(f"{out}/part-{index:05d}.parquet", "wb")
+            writer = pq.ParquetWriter(sink, chunk.schema, compression=CODEC)
+            index += 1
+        writer.write(chunk)
+        if sink.tell() >= target_bytes:
+            writer.close()
+            sink.close()
+            writer = None
     if writer is not None:
         writer.close()
         sink.close()

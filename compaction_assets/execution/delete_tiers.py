@@ -38,16 +38,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.io import FileIO, load_file_io
-from pyiceberg.io.pyarrow import ArrowScan, schema_to_pyarrow
-from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.io.pyarrow import schema_to_pyarrow
+from pyiceberg.manifest import DataFile
 from pyiceberg.schema import Schema
-from pyiceberg.table import FileScanTask
 from pyiceberg.table.metadata import TableMetadata, TableMetadataUtil
 from pyiceberg.typedef import Record
 
 from compaction_assets.errors import InputFileError
+from compaction_assets.execution.source_reader import projected_batches
 from compaction_assets.execution.worker import _reset_peak_rss, peak_rss
 from compaction_assets.lake.datafile_codec import (
     datafile_from_json,
@@ -235,7 +234,7 @@ def convert_equality_deletes(
         chunk: list[pa.Table] = []
         buffered = 0
         for number, data_file in enumerate(to_read):
-            projected = _project(metadata, io, key_schema, data_file, partition, job.spec_id)
+            projected = projected_batches(metadata, io, key_schema, data_file, partition, job.spec_id)
             start = 0
             for batch in projected:
                 chunk.append(_data_keys(batch, key_schema, types, number, start))
@@ -275,7 +274,9 @@ class _KeySet:
         select = Schema(*[schema.find_field(i) for i in ids])
         parts = []
         for delete in deletes:
-            for batch in _project(metadata, io, select, delete, Record(), _NO_SPEC, what="equality delete file"):
+            for batch in projected_batches(
+                metadata, io, select, delete, Record(), _NO_SPEC, what="equality delete file"
+            ):
                 columns = [_column(batch, schema.find_field(i).name, types[i]) for i in ids]
                 seq = pa.repeat(pa.scalar(delete.sequence_number, pa.int64()), batch.num_rows)
                 parts.append(pa.table([*columns, seq], names=[*(f"k{i}" for i in ids), "_seq"]))
@@ -348,42 +349,6 @@ def _column(batch: pa.RecordBatch, name: str, canonical: pa.DataType) -> pa.Arra
 
 def _storage(arrow_type: pa.DataType) -> pa.DataType:
     return arrow_type.storage_type if isinstance(arrow_type, pa.ExtensionType) else arrow_type
-
-
-def _project(
-    metadata: TableMetadata,
-    io: FileIO,
-    schema: Schema,
-    source: TierFile,
-    partition: Record,
-    spec_id: int,
-    what: str = "data file",
-) -> Iterator[pa.RecordBatch]:
-    """The rows of one file projected onto `schema` (columns of the current schema) by pyiceberg's
-    ArrowScan, streamed; checks the row count against the manifest's."""
-    data_file = DataFile.from_args(
-        content=DataFileContent.DATA,
-        file_path=source.path,
-        file_format=FileFormat.PARQUET,
-        partition=partition,
-        record_count=source.records,
-        file_size_in_bytes=source.size,
-    )
-    data_file.spec_id = spec_id
-    scan = ArrowScan(metadata, io, schema, AlwaysTrue())
-    batches = scan._record_batches_from_scan_tasks_and_deletes([FileScanTask(data_file)], {})
-    read = 0
-    while True:
-        try:
-            batch = next(batches)
-        except StopIteration:
-            break
-        except Exception as exc:
-            raise InputFileError(f"cannot read {what} {source.path}: {type(exc).__name__}: {exc}") from exc
-        read += batch.num_rows
-        yield batch
-    if read != source.records:
-        raise InputFileError(f"{what} {source.path} has {read} rows but its manifest entry says {source.records}")
 
 
 def rewrite_position_deletes(

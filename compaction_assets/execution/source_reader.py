@@ -31,6 +31,7 @@ from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import ArrowScan, PyArrowFileIO, _to_requested_schema, pyarrow_to_schema
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.typedef import Record
@@ -206,34 +207,53 @@ class SourceReader:
         return InputFileError(f"cannot read the group's data files: {type(exc).__name__}: {exc}")
 
     def _project(self, source) -> Iterator[pa.RecordBatch]:  # noqa: ANN001 - SourceFile
-        scan = ArrowScan(self._metadata, self._io, self._schema, AlwaysTrue())
-        data_file = DataFile.from_args(
-            content=DataFileContent.DATA,
-            file_path=source.path,
-            file_format=FileFormat.PARQUET,
-            partition=self._partition,
-            record_count=source.records,
-            file_size_in_bytes=source.size,
-        )
-        data_file.spec_id = self._spec_id
-        # The generator behind ArrowScan.to_record_batches, without its whole-file materialisation.
-        batches = scan._record_batches_from_scan_tasks_and_deletes([FileScanTask(data_file)], {})
         read = 0
-        while True:
-            try:
-                batch = next(batches)
-            except StopIteration:
-                break
-            except Exception as exc:
-                raise _unreadable(source.path, exc) from exc
+        batches = projected_batches(self._metadata, self._io, self._schema, source, self._partition, self._spec_id)
+        for batch in batches:
             converted = self._convert(batch)
             if self._deletes is not None:
                 converted = self._deletes.apply(source, read, converted)
             read += batch.num_rows
             self.rows_read += batch.num_rows
             yield converted
-        if read != source.records:
-            raise _count_mismatch(source.path, read, source.records)
+
+
+def projected_batches(
+    metadata: TableMetadata,
+    io: FileIO,
+    schema: Schema,
+    source,  # noqa: ANN001 - anything with path, size and records (SourceFile, TierFile)
+    partition: Record,
+    spec_id: int,
+    what: str = "data file",
+) -> Iterator[pa.RecordBatch]:
+    """One file's rows projected onto `schema` by pyiceberg's ArrowScan (by field id, else the
+    table's name mapping), streamed. Raises InputFileError naming the file when it cannot be read
+    or holds another row count than its manifest entry says."""
+    scan = ArrowScan(metadata, io, schema, AlwaysTrue())
+    data_file = DataFile.from_args(
+        content=DataFileContent.DATA,
+        file_path=source.path,
+        file_format=FileFormat.PARQUET,
+        partition=partition,
+        record_count=source.records,
+        file_size_in_bytes=source.size,
+    )
+    data_file.spec_id = spec_id
+    # The generator behind ArrowScan.to_record_batches, without its whole-file materialisation.
+    batches = scan._record_batches_from_scan_tasks_and_deletes([FileScanTask(data_file)], {})
+    read = 0
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            break
+        except Exception as exc:
+            raise InputFileError(f"cannot read {what} {source.path}: {type(exc).__name__}: {exc}") from exc
+        read += batch.num_rows
+        yield batch
+    if read != source.records:
+        raise InputFileError(f"{what} {source.path} has {read} rows but its manifest entry says {source.records}")
 
 
 def _schema_key(schema: pa.Schema) -> str:
