@@ -395,14 +395,22 @@ def _row_hashes(table: pa.Table) -> np.ndarray:
 
 
 def _null_safe_equal(left: pa.Array, right: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    if pa.types.is_floating(left.type):  # as Java's Double.compare: NaN equals NaN, -0.0 is not 0.0
+        left, right = _float_bits(left), _float_bits(right)
     both_null = pc.and_(left.is_null(), right.is_null())
     equal = pc.fill_null(pc.equal(left, right), False)
-    if pa.types.is_floating(left.type):  # Iceberg (Java) compares floats with NaN equal to NaN
-        equal = pc.or_(equal, pc.fill_null(pc.and_(pc.is_nan(left), pc.is_nan(right)), False))
     result = pc.or_(equal, both_null)
     if isinstance(result, pa.ChunkedArray):
         result = result.combine_chunks()
     return result.to_numpy(zero_copy_only=False)
+
+
+def _float_bits(column: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """A float array as the integers of its bits, every NaN one canonical NaN (Java's doubleToLongBits)."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    canonical = pc.if_else(pc.is_nan(column), pa.scalar(float("nan"), column.type), column)
+    return canonical.view(pa.int32() if column.type.bit_width == 32 else pa.int64())
 
 
 def _as_int64(column: pa.Array) -> np.ndarray:
