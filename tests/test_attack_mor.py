@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -11,9 +12,18 @@ import pyarrow.parquet as pq
 from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.manifest import DataFileContent
 from pyiceberg.schema import Schema
+from pyiceberg.transforms import VoidTransform
+from pyiceberg.typedef import Record
 from pyiceberg.types import DoubleType, LongType, NestedField
 
+from compaction_assets.demo import append_fragments
 from compaction_assets.execution.deletes import GroupDeletes
+from compaction_assets.lake.delete_files import commit_delete_files, equality_delete_file
+from compaction_assets.lake.files import live_files
+from tests.conftest import BY_REGION, SCHEMA, Lake, batch, create_fragmented
+from tests.lakekit.duckdb_reader import duckdb_rows
+from tests.lakekit.oracle import row_key
+from tests.lakekit.spec_reader import spec_rows
 
 
 def test_an_equality_delete_on_zero_keeps_negative_zero_and_nan_payloads_all_match(tmp_path: Path):
@@ -31,3 +41,104 @@ def test_an_equality_delete_on_zero_keeps_negative_zero_and_nan_payloads_all_mat
     kept = deletes.apply(source, 0, batch)
 
     assert kept.column("id").to_pylist() == [2, 3, 5]
+
+
+def _all_rows(table) -> list[dict]:  # noqa: ANN001
+    """Every row of every live data file, deletes not applied."""
+    return [
+        r
+        for f in live_files(table)
+        if not f.is_delete
+        for r in pq.read_table(f.path.removeprefix("file://")).to_pylist()
+    ]
+
+
+def rows(reader, table) -> Counter:  # noqa: ANN001
+    return Counter(row_key(r) for r in reader(table))
+
+
+def kinds(table) -> Counter:  # noqa: ANN001
+    return Counter(DataFileContent(f.data_file.content).name for f in live_files(table))
+
+
+def data_of(table, region: str) -> list:  # noqa: ANN001
+    key = f"region={region}"
+    return sorted(
+        (f.data_file for f in live_files(table) if f.partition_key == key and not f.is_delete),
+        key=lambda f: f.file_path,
+    )
+
+
+def test_a_partition_whose_every_row_is_deleted_is_compacted_to_nothing(lake: Lake):
+    table = create_fragmented(lake, "ns.t", {"eu": 6, "us": 1})
+    eu = data_of(table, "eu")
+    commit_delete_files(table, [equality_delete_file(table, 0, eu[0].partition, ["region"], [{"region": "eu"}])])
+    table = lake.table("ns.t")
+    expected = rows(spec_rows, table)
+    assert sum(expected.values()) == 50
+
+    outcomes = {o.partition_key: o for o in lake.engine.compact("ns.t")}
+
+    assert outcomes["region=eu"].status == "committed", outcomes["region=eu"].reason
+    after = lake.table("ns.t")
+    assert rows(spec_rows, after) == expected
+    assert kinds(after) == Counter({"DATA": 1})
+
+
+def test_a_global_equality_delete_of_the_unpartitioned_spec_applies_across_partitions(lake: Lake):
+    """Table created unpartitioned (spec 0), then partitioned by region: a delete of spec 0 is global."""
+    table = lake.catalog.create_table("ns.t", schema=SCHEMA)
+    with table.update_spec() as update:
+        update.add_identity("region")
+    table = lake.table("ns.t")
+    append_fragments(table, [batch(i * 50, 50, "eu") for i in range(6)] + [batch(300, 50, "us")])
+    table = lake.table("ns.t")
+    commit_delete_files(
+        table, [equality_delete_file(table, 0, Record(), ["id"], [{"id": 3}, {"id": 120}, {"id": 310}])]
+    )
+    table = lake.table("ns.t")
+    expected = rows(spec_rows, table)
+    assert sum(expected.values()) == 7 * 50 - 3
+
+    outcomes = {o.partition_key: o for o in lake.engine.compact("ns.t")}
+
+    assert outcomes["region=eu"].status == "committed", outcomes["region=eu"].reason
+    after = lake.table("ns.t")
+    assert rows(spec_rows, after) == expected
+    assert rows(duckdb_rows, after) == expected
+    assert kinds(after)["EQUALITY_DELETES"] == 1  # it still applies to the us file
+
+
+def test_an_equality_delete_of_an_all_void_spec_is_global_as_in_java(lake: Lake):
+    """A v1 table's dropped partition field becomes a void transform; Java's PartitionSpec.isUnpartitioned
+    is true for a spec of void fields only, so DeleteFileIndex applies its equality deletes to every data
+    file (the spec's "unpartitioned spec"). Removing it as dangling after rewriting the void-spec files
+    would bring back the rows it deletes in the older spec's files."""
+    table = lake.catalog.create_table(
+        "ns.t", schema=SCHEMA, partition_spec=BY_REGION, properties={"format-version": "1"}
+    )
+    append_fragments(table, [batch(0, 50, "eu"), batch(50, 50, "us")])
+    table = lake.table("ns.t")
+    with table.update_spec() as update:
+        update.remove_field("region")
+    table = lake.table("ns.t")
+    with table.transaction() as txn:
+        txn.upgrade_table_version(2)
+    table = lake.table("ns.t")
+    void = table.spec()
+    assert [f.transform for f in void.fields] == [VoidTransform()]
+    append_fragments(table, [batch(100 + i * 50, 50, "eu") for i in range(6)])
+    table = lake.table("ns.t")
+    doomed = [3, 60, 120, 310]  # two rows of the old spec's files, two of the void spec's
+    commit_delete_files(
+        table, [equality_delete_file(table, void.spec_id, Record(None), ["id"], [{"id": i} for i in doomed])]
+    )
+    table = lake.table("ns.t")
+
+    outcomes = lake.engine.compact("ns.t")
+
+    assert any(o.status == "committed" for o in outcomes), [(o.partition_key, o.status, o.reason) for o in outcomes]
+    after = lake.table("ns.t")
+    old_spec = [f for f in live_files(after) if not f.is_delete and f.data_file.spec_id == 0]
+    assert len(old_spec) == 2  # left alone (an older spec), holding rows 3 and 60
+    assert kinds(after)["EQUALITY_DELETES"] == 1  # so the delete still applies to them
