@@ -9,17 +9,19 @@ from types import SimpleNamespace
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pyiceberg.io.pyarrow import PyArrowFileIO
-from pyiceberg.manifest import DataFileContent
+from pyiceberg.io.pyarrow import PyArrowFileIO, _dataframe_to_data_files
+from pyiceberg.manifest import DataFileContent, ManifestEntry, ManifestEntryStatus, write_manifest
 from pyiceberg.schema import Schema
+from pyiceberg.table.snapshots import Operation, Summary
 from pyiceberg.transforms import VoidTransform
-from pyiceberg.typedef import Record
+from pyiceberg.typedef import EMPTY_DICT, Record
 from pyiceberg.types import DoubleType, LongType, NestedField
 
 from compaction_assets.demo import append_fragments
 from compaction_assets.execution.deletes import GroupDeletes
-from compaction_assets.lake.delete_files import commit_delete_files, equality_delete_file
+from compaction_assets.lake.delete_files import _AddDeleteFiles, commit_delete_files, equality_delete_file
 from compaction_assets.lake.files import live_files
+from compaction_assets.planning.planner import Kind
 from tests.conftest import BY_REGION, SCHEMA, Lake, batch, create_fragmented
 from tests.lakekit.duckdb_reader import duckdb_rows
 from tests.lakekit.oracle import row_key
@@ -142,3 +144,92 @@ def test_an_equality_delete_of_an_all_void_spec_is_global_as_in_java(lake: Lake)
     old_spec = [f for f in live_files(after) if not f.is_delete and f.data_file.spec_id == 0]
     assert len(old_spec) == 2  # left alone (an older spec), holding rows 3 and 60
     assert kinds(after)["EQUALITY_DELETES"] == 1  # so the delete still applies to them
+
+
+class _RowDelta(_AddDeleteFiles):
+    """Data files and delete files in one snapshot (a Flink upsert checkpoint: equal sequence numbers)."""
+
+    def __init__(self, data: list, **kwargs) -> None:  # noqa: ANN003
+        super().__init__(**kwargs)
+        self._data = data
+
+    def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
+        deletes, self._added_data_files = self._added_data_files, [*self._added_data_files, *self._data]
+        try:
+            return super()._summary(snapshot_properties)
+        finally:
+            self._added_data_files = deletes
+
+    def _manifests(self) -> list:
+        manifests = super()._manifests()
+        metadata = self._transaction.table_metadata
+        writer = write_manifest(
+            format_version=2,
+            spec=metadata.specs()[self._data[0].spec_id],
+            schema=metadata.schema(),
+            output_file=self.new_manifest_output(),
+            snapshot_id=self._snapshot_id,
+            avro_compression=self._compression,
+        )
+        with writer:
+            for data_file in self._data:
+                writer.add(
+                    ManifestEntry.from_args(
+                        status=ManifestEntryStatus.ADDED, snapshot_id=self._snapshot_id, data_file=data_file
+                    )
+                )
+        return [*manifests, writer.to_manifest_file()]
+
+
+def upsert(table, rows: pa.Table, deletes: list) -> None:  # noqa: ANN001
+    """Commit `rows` as new data files and `deletes` in one snapshot."""
+    data = list(_dataframe_to_data_files(table_metadata=table.metadata, df=rows, io=table.io))
+    for data_file in data:
+        data_file.spec_id = table.spec().spec_id
+    txn = table.transaction()
+    producer = _RowDelta(data, operation=Operation.OVERWRITE, transaction=txn, io=table.io)
+    for delete_file in deletes:
+        producer.append_data_file(delete_file)
+    with producer:
+        pass
+    txn.commit_transaction()
+
+
+def test_an_upsert_keeps_the_rows_committed_with_its_equality_delete(lake: Lake):
+    """Flink upserts: the equality delete and the new rows share a sequence number, so it deletes the
+    old rows only. A rewrite must keep the new ones."""
+    table = create_fragmented(lake, "ns.t", {"eu": 6})
+    eu = data_of(table, "eu")
+    new = batch(0, 5, "eu").set_column(2, "payload", pa.array([f"new-{i}" for i in range(5)]))
+    upsert(table, new, [equality_delete_file(table, 0, eu[0].partition, ["id"], [{"id": i} for i in range(5)])])
+    table = lake.table("ns.t")
+    expected = rows(spec_rows, table)
+    assert sum(expected.values()) == 300 and sum(1 for r in expected if "new-" in str(r)) == 5
+
+    [outcome] = lake.engine.compact("ns.t")
+
+    assert outcome.status == "committed", outcome.reason
+    after = lake.table("ns.t")
+    assert rows(spec_rows, after) == expected
+
+
+def test_converting_upsert_deletes_keeps_the_rows_committed_with_them(lake: Lake):
+    table = create_fragmented(lake, "ns.t", {"eu": 3}, rows=2000)
+    with table.transaction() as txn:  # files over the target: no size trigger
+        txn.set_properties({"compaction.target-file-size-bytes": str(16 * 1024)})
+    table = lake.table("ns.t")
+    eu = data_of(table, "eu")
+    for keys in ([1, 2], [2, 2500], [5999, 1]):  # each checkpoint: old rows deleted, new rows with the keys
+        new = pa.concat_tables([batch(k, 1, "eu") for k in keys])
+        new = new.set_column(2, "payload", pa.array([f"new-{k}" for k in keys]))
+        upsert(table, new, [equality_delete_file(table, 0, eu[0].partition, ["id"], [{"id": k} for k in keys])])
+        table = lake.table("ns.t")
+    expected = rows(spec_rows, table)
+    [plan] = lake.engine.plan("ns.t").partitions
+    assert plan.kind == Kind.CONVERT_EQUALITY_DELETES, plan.reason
+
+    [outcome] = lake.engine.compact("ns.t")
+
+    assert outcome.status == "committed", outcome.reason
+    after = lake.table("ns.t")
+    assert rows(spec_rows, after) == expected
