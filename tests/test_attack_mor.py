@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,7 +16,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.table.snapshots import Operation, Summary
 from pyiceberg.transforms import VoidTransform
 from pyiceberg.typedef import EMPTY_DICT, Record
-from pyiceberg.types import DoubleType, LongType, NestedField
+from pyiceberg.types import DoubleType, LongType, NestedField, UUIDType
 
 from compaction_assets.demo import append_fragments
 from compaction_assets.execution.deletes import GroupDeletes
@@ -233,3 +234,24 @@ def test_converting_upsert_deletes_keeps_the_rows_committed_with_them(lake: Lake
     assert outcome.status == "committed", outcome.reason
     after = lake.table("ns.t")
     assert rows(spec_rows, after) == expected
+
+
+def test_an_equality_delete_on_a_uuid_key_is_applied(tmp_path: Path):
+    """CDC tables are often keyed on a uuid: pyiceberg reads it as Arrow's uuid extension type,
+    which has no compute kernels of its own. The rewrite failed the group."""
+    schema = Schema(NestedField(1, "id", UUIDType(), required=False), NestedField(2, "n", LongType(), required=False))
+    path = str(tmp_path / "eq.parquet")
+    keys = Schema(*schema.fields)
+    one, two = uuid.UUID(int=1).bytes, uuid.UUID(int=2).bytes
+    pq.write_table(pa.table([pa.array([one, None], pa.uuid()), pa.array([7, 8])], schema=schema_to_pyarrow(keys)), path)
+    source = SimpleNamespace(path=str(tmp_path / "data.parquet"), deletes=[0])
+    delete = SimpleNamespace(path=path, content=DataFileContent.EQUALITY_DELETES, equality_ids=[1, 2])
+    deletes = GroupDeletes(PyArrowFileIO(), schema, None, [source], [delete])
+    batch = pa.record_batch(
+        [pa.array([one, one, two, None, None], pa.uuid()), pa.array([7, 8, 7, 8, 7])],
+        schema=schema_to_pyarrow(schema),
+    )
+
+    kept = deletes.apply(source, 0, batch)
+
+    assert kept.column("n").to_pylist() == [8, 7, 7]
