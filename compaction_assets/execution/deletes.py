@@ -395,6 +395,7 @@ def _row_hashes(table: pa.Table) -> np.ndarray:
 
 
 def _null_safe_equal(left: pa.Array, right: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    left, right = _storage(left), _storage(right)  # uuid: compute kernels take its fixed_size_binary
     if pa.types.is_floating(left.type):  # as Java's Double.compare: NaN equals NaN, -0.0 is not 0.0
         left, right = _float_bits(left), _float_bits(right)
     both_null = pc.and_(left.is_null(), right.is_null())
@@ -405,10 +406,15 @@ def _null_safe_equal(left: pa.Array, right: pa.ChunkedArray | pa.Array) -> np.nd
     return result.to_numpy(zero_copy_only=False)
 
 
-def _float_bits(column: pa.ChunkedArray | pa.Array) -> pa.Array:
-    """A float array as the integers of its bits, every NaN one canonical NaN (Java's doubleToLongBits)."""
+def _storage(column: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """A column as one array, an extension type's as its storage."""
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
+    return column.storage if isinstance(column.type, pa.BaseExtensionType) else column
+
+
+def _float_bits(column: pa.Array) -> pa.Array:
+    """A float array as the integers of its bits, every NaN one canonical NaN (Java's doubleToLongBits)."""
     canonical = pc.if_else(pc.is_nan(column), pa.scalar(float("nan"), column.type), column)
     return canonical.view(pa.int32() if column.type.bit_width == 32 else pa.int64())
 
