@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pyiceberg.io.pyarrow import PyArrowFileIO, _dataframe_to_data_files
+from pyiceberg.io.pyarrow import PyArrowFileIO, _dataframe_to_data_files, schema_to_pyarrow
 from pyiceberg.manifest import DataFileContent, ManifestEntry, ManifestEntryStatus, write_manifest
 from pyiceberg.schema import Schema
 from pyiceberg.table.snapshots import Operation, Summary
