@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.io.pyarrow import PyArrowFileIO, _dataframe_to_data_files, schema_to_pyarrow
 from pyiceberg.manifest import DataFileContent, ManifestEntry, ManifestEntryStatus, write_manifest
 from pyiceberg.schema import Schema
@@ -19,6 +20,7 @@ from pyiceberg.typedef import EMPTY_DICT, Record
 from pyiceberg.types import DoubleType, LongType, NestedField, UUIDType
 
 from compaction_assets.demo import append_fragments
+from compaction_assets.execution.delete_tiers import TierJob, convert_equality_deletes
 from compaction_assets.execution.deletes import GroupDeletes
 from compaction_assets.lake.delete_files import _AddDeleteFiles, commit_delete_files, equality_delete_file
 from compaction_assets.lake.files import live_files
@@ -255,3 +257,30 @@ def test_an_equality_delete_on_a_uuid_key_is_applied(tmp_path: Path):
     kept = deletes.apply(source, 0, batch)
 
     assert kept.column("n").to_pylist() == [8, 7, 7]
+
+
+def test_converting_an_equality_delete_on_nan_matches_every_nan(tmp_path: Path):
+    """Java matches float keys with Double.compare: every NaN (whatever its payload bits) is one
+    key; -0.0 is not 0.0. The rewrite path agrees; converting must delete the same rows."""
+    catalog = SqlCatalog("t", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/wh")
+    catalog.create_namespace("ns")
+    schema = Schema(NestedField(1, "id", LongType(), required=False), NestedField(2, "x", DoubleType(), required=False))
+    table = catalog.create_table("ns.t", schema=schema)
+    odd_nan = np.array([0x7FF8000000000001], dtype=np.uint64).view(np.float64)[0]
+    values = [0.0, -0.0, float("nan"), odd_nan, 1.0, None]
+    table.append(pa.table({"id": pa.array(range(6), pa.int64()), "x": pa.array(values, pa.float64())}))
+    table.refresh()
+    commit_delete_files(table, [equality_delete_file(table, 0, Record(), ["x"], [{"x": 0.0}, {"x": float("nan")}])])
+    table.refresh()
+    files = live_files(table)
+    data = [f for f in files if not f.is_delete]
+    eq = [f for f in files if f.is_delete]
+    job = TierJob.convert(data, eq, f"{table.location()}/data", "convert")
+
+    outcome = convert_equality_deletes(table.metadata, table.io, job, 1 << 27)
+
+    [written] = outcome.delete_files
+    with table.io.new_input(written.file_path).open() as stream:
+        positions = pq.read_table(stream).column("pos").to_pylist()
+    assert positions == [0, 2, 3]  # 0.0, NaN and the other NaN; not -0.0
+    catalog.engine.dispose()
