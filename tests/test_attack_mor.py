@@ -284,3 +284,28 @@ def test_converting_an_equality_delete_on_nan_matches_every_nan(tmp_path: Path):
         positions = pq.read_table(stream).column("pos").to_pylist()
     assert positions == [0, 2, 3]  # 0.0, NaN and the other NaN; not -0.0
     catalog.engine.dispose()
+
+
+def test_converting_an_equality_delete_on_a_uuid_key(tmp_path: Path):
+    catalog = SqlCatalog("t", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/wh")
+    catalog.create_namespace("ns")
+    schema = Schema(NestedField(1, "id", UUIDType(), required=False), NestedField(2, "n", LongType(), required=False))
+    table = catalog.create_table("ns.t", schema=schema)
+    keys = [uuid.UUID(int=i).bytes for i in range(4)]
+    table.append(
+        pa.table([pa.array([*keys, None], pa.uuid()), pa.array(range(5), pa.int64())], schema=schema_to_pyarrow(schema))
+    )
+    table.refresh()
+    commit_delete_files(table, [equality_delete_file(table, 0, Record(), ["id"], [{"id": keys[1]}, {"id": None}])])
+    table.refresh()
+    files = live_files(table)
+    job = TierJob.convert(
+        [f for f in files if not f.is_delete], [f for f in files if f.is_delete], f"{table.location()}/data", "c"
+    )
+
+    outcome = convert_equality_deletes(table.metadata, table.io, job, 1 << 27)
+
+    [written] = outcome.delete_files
+    with table.io.new_input(written.file_path).open() as stream:
+        assert pq.read_table(stream).column("pos").to_pylist() == [1, 4]
+    catalog.engine.dispose()
