@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.io.pyarrow import PyArrowFileIO, _dataframe_to_data_files, schema_to_pyarrow
-from pyiceberg.manifest import DataFileContent, ManifestEntry, ManifestEntryStatus, write_manifest
+from pyiceberg.manifest import DataFile, DataFileContent, ManifestEntry, ManifestEntryStatus, write_manifest
 from pyiceberg.schema import Schema
 from pyiceberg.table.snapshots import Operation, Summary
 from pyiceberg.transforms import VoidTransform
@@ -22,7 +22,12 @@ from pyiceberg.types import DoubleType, LongType, NestedField, UUIDType
 from compaction_assets.demo import append_fragments
 from compaction_assets.execution.delete_tiers import TierJob, convert_equality_deletes
 from compaction_assets.execution.deletes import GroupDeletes
-from compaction_assets.lake.delete_files import _AddDeleteFiles, commit_delete_files, equality_delete_file
+from compaction_assets.lake.delete_files import (
+    _AddDeleteFiles,
+    commit_delete_files,
+    equality_delete_file,
+    position_delete_rows,
+)
 from compaction_assets.lake.files import live_files
 from compaction_assets.planning.planner import Kind
 from tests.conftest import BY_REGION, SCHEMA, Lake, batch, create_fragmented
@@ -309,3 +314,42 @@ def test_converting_an_equality_delete_on_a_uuid_key(tmp_path: Path):
     with table.io.new_input(written.file_path).open() as stream:
         assert pq.read_table(stream).column("pos").to_pylist() == [1, 4]
     catalog.engine.dispose()
+
+
+def _evolved(lake: Lake):  # noqa: ANN202
+    """Created unpartitioned (spec 0), then partitioned by region: six small eu files, one us file."""
+    table = lake.catalog.create_table("ns.t", schema=SCHEMA)
+    with table.update_spec() as update:
+        update.add_identity("region")
+    table = lake.table("ns.t")
+    append_fragments(table, [batch(i * 50, 50, "eu") for i in range(6)] + [batch(300, 50, "us")])
+    return lake.table("ns.t")
+
+
+def test_a_global_position_delete_naming_several_partitions_stays_for_the_files_left(lake: Lake):
+    table = _evolved(lake)
+    eu, us = data_of(table, "eu"), data_of(table, "us")
+    paths = [eu[0].file_path, eu[2].file_path, us[0].file_path]
+    written = position_delete_rows(table, 0, Record(), paths, [1, 2, 3])
+    unbounded = DataFile.from_args(  # as a writer that kept no column metrics writes it
+        content=written.content,
+        file_path=written.file_path,
+        file_format=written.file_format,
+        partition=written.partition,
+        record_count=written.record_count,
+        file_size_in_bytes=written.file_size_in_bytes,
+    )
+    unbounded.spec_id = written.spec_id
+    bounded = position_delete_rows(table, 0, Record(), [eu[1].file_path, us[0].file_path], [4, 5])
+    commit_delete_files(table, [unbounded, bounded])
+    table = lake.table("ns.t")
+    expected = rows(spec_rows, table)
+    assert sum(expected.values()) == 350 - 5
+
+    outcomes = {o.partition_key: o for o in lake.engine.compact("ns.t")}
+
+    assert outcomes["region=eu"].status == "committed", outcomes["region=eu"].reason
+    after = lake.table("ns.t")
+    assert rows(spec_rows, after) == expected
+    assert rows(duckdb_rows, after) == expected
+    assert kinds(after)["POSITION_DELETES"] == 2  # both still name the us file
