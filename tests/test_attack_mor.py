@@ -353,3 +353,31 @@ def test_a_global_position_delete_naming_several_partitions_stays_for_the_files_
     assert rows(spec_rows, after) == expected
     assert rows(duckdb_rows, after) == expected
     assert kinds(after)["POSITION_DELETES"] == 2  # both still name the us file
+
+
+def test_combining_global_position_deletes_keeps_their_rows(lake: Lake):
+    """Position-delete files of an older unpartitioned spec (global) that name one partition's files only."""
+    table = lake.catalog.create_table("ns.t", schema=SCHEMA)
+    with table.update_spec() as update:
+        update.add_identity("region")
+    table = lake.table("ns.t")
+    append_fragments(table, [batch(i * 2000, 2000, "eu") for i in range(3)] + [batch(6000, 2000, "us")])
+    table = lake.table("ns.t")
+    with table.transaction() as txn:  # files over the target: no size trigger
+        txn.set_properties(
+            {"compaction.target-file-size-bytes": str(16 * 1024), "compaction.delete-file-threshold": "100"}
+        )
+    table = lake.table("ns.t")
+    eu = data_of(table, "eu")
+    for i in range(5):  # five commits, each a small global position delete naming eu files
+        paths = [eu[i % 3].file_path, eu[(i + 1) % 3].file_path]
+        commit_delete_files(table, [position_delete_rows(table, 0, Record(), paths, [i, i + 100])])
+        table = lake.table("ns.t")
+    expected = rows(spec_rows, table)
+    assert sum(expected.values()) == 8000 - 10
+
+    assert all(o.kind is None for o in lake.engine.compact("ns.t"))  # never a tier: they are not eu's own
+
+    after = lake.table("ns.t")
+    assert rows(spec_rows, after) == expected
+    assert rows(duckdb_rows, after) == expected
