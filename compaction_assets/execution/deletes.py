@@ -16,7 +16,8 @@ batch already projected onto the current table schema (columns carry their Icebe
   files applying to it holds that key (a byte per key, cached per distinct set of files).
   One integer-like column is matched exactly on a sorted array (`np.searchsorted`); other keys by
   a 64-bit row hash (Polars `hash_rows`) on a sorted hash array, every hash match verified value by
-  value (NaN equals NaN, as Java's comparators have it), so a collision never deletes a row.
+  value (NaN equals NaN and -0.0 is not 0.0, as Java's Double.compare has it; a uuid by its bytes),
+  so a collision never deletes a row.
   Memory: the keys once, not a copy per source or per batch (measured: 1 M long keys add ~90 MB to
   the peak while built, ~50 MB after; 1 M (long, string) keys ~125 MB); lookups cost
   O(rows log keys) and never rebuild a hash table.
