@@ -189,11 +189,15 @@ class _RowDelta(_AddDeleteFiles):
         return [*manifests, writer.to_manifest_file()]
 
 
-def upsert(table, rows: pa.Table, deletes: list) -> None:  # noqa: ANN001
-    """Commit `rows` as new data files and `deletes` in one snapshot."""
+def upsert(table, rows: pa.Table, deletes: list, own_positions: list[int] = ()) -> None:  # noqa: ANN001
+    """Commit `rows` as new data files and `deletes` in one snapshot (with `own_positions`: also a
+    position delete of those rows of the first new file, as Flink writes for a key updated twice)."""
     data = list(_dataframe_to_data_files(table_metadata=table.metadata, df=rows, io=table.io))
     for data_file in data:
         data_file.spec_id = table.spec().spec_id
+    if own_positions:
+        paths = [data[0].file_path] * len(own_positions)
+        deletes = [*deletes, position_delete_rows(table, data[0].spec_id, data[0].partition, paths, own_positions)]
     txn = table.transaction()
     producer = _RowDelta(data, operation=Operation.OVERWRITE, transaction=txn, io=table.io)
     for delete_file in deletes:
@@ -381,3 +385,24 @@ def test_combining_global_position_deletes_keeps_their_rows(lake: Lake):
     after = lake.table("ns.t")
     assert rows(spec_rows, after) == expected
     assert rows(duckdb_rows, after) == expected
+
+
+def test_a_position_delete_of_rows_committed_with_it_is_applied(lake: Lake):
+    """Flink: a key inserted and updated again in one checkpoint gets a position delete naming the
+    checkpoint's own data file (same sequence number: it applies)."""
+    table = create_fragmented(lake, "ns.t", {"eu": 6})
+    eu = data_of(table, "eu")
+    new = pa.concat_tables([batch(0, 3, "eu"), batch(0, 3, "eu")])
+    new = new.set_column(2, "payload", pa.array([f"v{i}" for i in range(6)]))
+    eq = equality_delete_file(table, 0, eu[0].partition, ["id"], [{"id": i} for i in range(3)])
+    upsert(table, new, [eq], own_positions=[0, 1, 2])  # the first versions of ids 0-2 are superseded
+    table = lake.table("ns.t")
+    expected = rows(spec_rows, table)
+    assert sum(expected.values()) == 300 and sum(1 for r in expected if "'v" in str(r)) == 3
+
+    [outcome] = lake.engine.compact("ns.t")
+
+    assert outcome.status == "committed", outcome.reason
+    after = lake.table("ns.t")
+    assert rows(spec_rows, after) == expected
+    assert kinds(after) == Counter({"DATA": 1})
