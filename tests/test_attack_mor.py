@@ -406,3 +406,30 @@ def test_a_position_delete_of_rows_committed_with_it_is_applied(lake: Lake):
     after = lake.table("ns.t")
     assert rows(spec_rows, after) == expected
     assert kinds(after) == Counter({"DATA": 1})
+
+
+def test_a_global_delete_still_applying_to_a_file_in_a_restated_manifest_stays(lake: Lake):
+    """eu's big file, left alone by the first compaction, is restated (EXISTING) in its manifest;
+    the second compaction (us) must still see it when deciding that the global delete dangles."""
+    table = lake.catalog.create_table("ns.t", schema=SCHEMA)
+    with table.update_spec() as update:
+        update.add_identity("region")
+    table = lake.table("ns.t")
+    eu = [batch(i * 50, 50, "eu") for i in range(6)]
+    us = [batch(300 + i * 50, 50, "us") for i in range(6)]
+    append_fragments(table, [*eu, batch(10_000, 10_000, "eu"), *us])
+    table = lake.table("ns.t")
+    doomed = [{"id": i} for i in (3, 10_001, 310)]
+    commit_delete_files(table, [equality_delete_file(table, 0, Record(), ["id"], doomed)])
+    table = lake.table("ns.t")
+    expected = rows(spec_rows, table)
+    assert sum(expected.values()) == 10_600 - 3
+
+    first = {o.partition_key: o for o in lake.engine.compact("ns.t", partition="region=eu")}
+    second = {o.partition_key: o for o in lake.engine.compact("ns.t", partition="region=us")}
+
+    assert first["region=eu"].status == "committed", first["region=eu"].reason
+    assert second["region=us"].status == "committed", second["region=us"].reason
+    after = lake.table("ns.t")
+    assert rows(spec_rows, after) == expected
+    assert kinds(after)["EQUALITY_DELETES"] == 1  # it still applies to eu's big file
