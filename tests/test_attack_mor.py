@@ -28,8 +28,9 @@ from compaction_assets.lake.delete_files import (
     equality_delete_file,
     position_delete_rows,
 )
+from compaction_assets.lake.deletes import global_spec_ids
 from compaction_assets.lake.files import live_files
-from compaction_assets.planning.planner import Kind
+from compaction_assets.planning.planner import DeleteMap, Kind
 from tests.conftest import BY_REGION, SCHEMA, Lake, batch, create_fragmented
 from tests.lakekit.duckdb_reader import duckdb_rows
 from tests.lakekit.oracle import row_key
@@ -144,6 +145,11 @@ def test_an_equality_delete_of_an_all_void_spec_is_global_as_in_java(lake: Lake)
         table, [equality_delete_file(table, void.spec_id, Record(None), ["id"], [{"id": i} for i in doomed])]
     )
     table = lake.table("ns.t")
+
+    [eq] = [f for f in live_files(table) if f.is_delete]
+    old = {f.path for f in live_files(table) if not f.is_delete and f.data_file.spec_id == 0}
+    planned = DeleteMap.of(live_files(table), global_spec_ids(table.metadata.specs().values()))
+    assert old <= planned.by_delete[eq.path]  # the planner sees it apply to the old spec's files too
 
     outcomes = lake.engine.compact("ns.t")
 
