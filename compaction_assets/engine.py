@@ -33,6 +33,7 @@ from compaction_assets.faults import crash_point
 from compaction_assets.gc_pause import gc_paused
 from compaction_assets.lake.catalog import load_table, open_catalog
 from compaction_assets.lake.datafile_codec import datafile_to_json, encode_partition
+from compaction_assets.lake.deletes import global_spec_ids
 from compaction_assets.lake.features import refusal
 from compaction_assets.lake.files import LiveFile, live_files
 from compaction_assets.maintenance.gc import GcPolicy, GcReport, collect_garbage
@@ -217,7 +218,7 @@ class Engine:
     def _plan(self, table: Table, table_name: str, partition: str | None) -> tuple[TablePlan, dict[str, LiveFile]]:
         policy = self.policy(table, table_name)
         files = live_files(table)
-        deletes = DeleteMap.of(files)
+        deletes = DeleteMap.of(files, global_spec_ids(table.metadata.specs().values()))
         in_flight = self.ledger.in_flight_sources(table_name)
         refused = refusal(table)
         plans = plan_table(files, policy, table.spec().spec_id, in_flight, deletes, refused)
