@@ -439,3 +439,34 @@ def test_a_global_delete_still_applying_to_a_file_in_a_restated_manifest_stays(l
     after = lake.table("ns.t")
     assert rows(spec_rows, after) == expected
     assert kinds(after)["EQUALITY_DELETES"] == 1  # it still applies to eu's big file
+
+
+def test_a_null_partition_with_both_kinds_of_deletes_and_null_keys(lake: Lake):
+    table = lake.catalog.create_table("ns.t", schema=SCHEMA, partition_spec=BY_REGION)
+    parts = []
+    for i in range(6):
+        part = batch(i * 50, 50, "x").set_column(1, "region", pa.nulls(50, pa.string()))
+        payload = part.column("payload").to_pylist()
+        payload[7] = None
+        parts.append(part.set_column(2, "payload", pa.array(payload, pa.string())))
+    append_fragments(table, parts)
+    table = lake.table("ns.t")
+    data = sorted((f.data_file for f in live_files(table) if not f.is_delete), key=lambda f: f.file_path)
+    assert data[0].partition[0] is None
+    commit_delete_files(table, [position_delete_rows(table, 0, data[0].partition, [data[1].file_path], [3])])
+    table = lake.table("ns.t")
+    keys = [
+        {"region": None, "payload": None},
+        {"region": None, "payload": f"{60:08d}-{(60 * 2654435761) % 2**32:010d}"},
+    ]
+    commit_delete_files(table, [equality_delete_file(table, 0, data[0].partition, ["region", "payload"], keys)])
+    table = lake.table("ns.t")
+    expected = rows(spec_rows, table)
+    assert sum(expected.values()) == 300 - 1 - 6 - 1
+
+    [outcome] = lake.engine.compact("ns.t")
+
+    assert outcome.status == "committed", outcome.reason
+    after = lake.table("ns.t")
+    assert rows(spec_rows, after) == expected
+    assert kinds(after) == Counter({"DATA": 1})
