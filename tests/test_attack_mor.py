@@ -470,3 +470,19 @@ def test_a_null_partition_with_both_kinds_of_deletes_and_null_keys(lake: Lake):
     after = lake.table("ns.t")
     assert rows(spec_rows, after) == expected
     assert kinds(after) == Counter({"DATA": 1})
+
+
+def test_an_equality_delete_on_a_dropped_column_is_refused_at_planning(lake: Lake):
+    """The rewrite cannot apply it (the key is gone from the current schema): the plan should say
+    so instead of starting an attempt that fails on every run."""
+    table = create_fragmented(lake, "ns.t", {"eu": 6})
+    eu = data_of(table, "eu")
+    commit_delete_files(table, [equality_delete_file(table, 0, eu[0].partition, ["amount"], [{"amount": 0.25}])])
+    table = lake.table("ns.t")
+    with table.update_schema() as update:
+        update.delete_column("amount")
+    table = lake.table("ns.t")
+
+    [outcome] = lake.engine.compact("ns.t")
+
+    assert outcome.status == "skipped", (outcome.status, outcome.reason)
