@@ -26,6 +26,8 @@ from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.transforms import VoidTransform
 from pyiceberg.typedef import Record
 
+from compaction_assets.lake.partition_key import PartitionId, partition_id
+
 FILE_PATH_FIELD_ID = 2147483546  # the file_path column of a position delete file (Iceberg spec reserved id)
 _NAN = object()  # NaN partition values are one partition (NaN != NaN would make each its own)
 
@@ -108,8 +110,10 @@ class SequencedFile(Protocol):
     def data_sequence_number(self) -> int: ...
 
 
-def _scope(data_file: DataFile) -> tuple[int, tuple[Any, ...]]:
-    return data_file.spec_id, _tuple(data_file.partition)
+def _scope(data_file: DataFile) -> PartitionId:
+    """Spec id and partition values as the planner groups files (floats by their bits: -0.0 is not
+    0.0, as Java's Double.compare has it; every NaN one)."""
+    return partition_id(data_file.spec_id, data_file.partition)
 
 
 class ApplyingDeletes:
@@ -125,7 +129,7 @@ class ApplyingDeletes:
     """
 
     def __init__(self, deletes: Iterable[SequencedFile], global_specs: frozenset[int] = frozenset()) -> None:
-        self._scoped: dict[tuple[int, tuple[Any, ...]], list[SequencedFile]] = {}
+        self._scoped: dict[PartitionId, list[SequencedFile]] = {}
         self._global: list[SequencedFile] = []
         for delete in deletes:
             content = delete.data_file.content
