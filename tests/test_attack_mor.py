@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.io.pyarrow import PyArrowFileIO, _dataframe_to_data_files, schema_to_pyarrow
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestEntry, ManifestEntryStatus, write_manifest
@@ -511,3 +512,28 @@ def test_an_equality_delete_of_partition_zero_does_not_apply_to_partition_negati
 
     assert index.for_data_file(zero) == [eq]
     assert index.for_data_file(negative_zero) == []
+
+
+@pytest.mark.parametrize("crash_at", ["after_prepare", "after_iceberg_commit"])
+def test_a_conversion_killed_before_or_after_its_commit_is_recovered(lake: Lake, crash_at: str):
+    table = create_fragmented(lake, "ns.t", {"eu": 3}, rows=2000)
+    with table.transaction() as txn:  # files over the target: no size trigger
+        txn.set_properties({"compaction.target-file-size-bytes": str(16 * 1024)})
+    table = lake.table("ns.t")
+    eu = data_of(table, "eu")
+    for ids in ([1, 2], [2500, 3000], [5999]):
+        commit_delete_files(table, [equality_delete_file(table, 0, eu[0].partition, ["id"], [{"id": i} for i in ids])])
+        table = lake.table("ns.t")
+    expected = rows(spec_rows, table)
+    [plan] = lake.engine.plan("ns.t").partitions
+    assert plan.kind == Kind.CONVERT_EQUALITY_DELETES, plan.reason
+
+    assert lake.cli("compact", "ns.t", crash_at=crash_at).returncode == 137
+    lake.engine.recover()
+
+    after = lake.table("ns.t")
+    assert rows(spec_rows, after) == expected
+    assert rows(duckdb_rows, after) == expected
+    outcomes = lake.engine.compact("ns.t")  # a second run: converts (again) or has nothing to do
+    assert all(o.status in ("committed", "skipped") for o in outcomes), [(o.status, o.reason) for o in outcomes]
+    assert rows(spec_rows, lake.table("ns.t")) == expected
