@@ -33,6 +33,7 @@ from compaction_assets.faults import crash_point
 from compaction_assets.gc_pause import gc_paused
 from compaction_assets.lake.catalog import load_table, open_catalog
 from compaction_assets.lake.datafile_codec import datafile_to_json, encode_partition
+from compaction_assets.lake.deletes import global_spec_ids
 from compaction_assets.lake.features import refusal
 from compaction_assets.lake.files import LiveFile, live_files
 from compaction_assets.maintenance.gc import GcPolicy, GcReport, collect_garbage
@@ -217,10 +218,12 @@ class Engine:
     def _plan(self, table: Table, table_name: str, partition: str | None) -> tuple[TablePlan, dict[str, LiveFile]]:
         policy = self.policy(table, table_name)
         files = live_files(table)
-        deletes = DeleteMap.of(files)
+        deletes = DeleteMap.of(files, global_spec_ids(table.metadata.specs().values()))
         in_flight = self.ledger.in_flight_sources(table_name)
         refused = refusal(table)
         plans = plan_table(files, policy, table.spec().spec_id, in_flight, deletes, refused)
+        top_level = {f.field_id for f in table.schema().fields}
+        plans = [_unappliable(p, deletes, top_level) for p in plans]
         if partition is not None:
             known = sorted(p.partition_key for p in plans)
             plans = [p for p in plans if p.partition_key == partition]
@@ -579,3 +582,22 @@ def _sort_columns(table: Table) -> list[tuple[str, str]]:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
     return text.splitlines()[0][:500]
+
+
+def _unappliable(plan: PartitionPlan, deletes: DeleteMap, top_level: set[int]) -> PartitionPlan:
+    """The plan, or why not, when an equality delete it must apply (or convert) is keyed on a field
+    that is no top-level column of the current schema: execution refuses it, every attempt would fail."""
+    if not plan.worth_compacting:
+        return plan
+    applying = deletes.distinct([*(p for g in plan.groups for p in g.paths), *plan.covered_data_paths])
+    if plan.is_tier:
+        applying = [d for d in applying if d.path in set(plan.delete_paths)]
+    for d in applying:
+        if missing := sorted(set(d.data_file.equality_ids or ()) - top_level):
+            return PartitionPlan(
+                plan.stats,
+                None,
+                reason=f"equality delete file {d.path} is keyed on field id(s) {missing}, no top-level column "
+                "of the current schema: it cannot be applied, so the partition is not compacted",
+            )
+    return plan

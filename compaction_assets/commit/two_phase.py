@@ -77,7 +77,13 @@ from compaction_assets.faults import crash_point
 from compaction_assets.gc_pause import gc_paused
 from compaction_assets.lake.datafile_codec import datafile_from_json
 from compaction_assets.lake.delete_files import _DeleteManifestWriter
-from compaction_assets.lake.deletes import ApplyingDeletes, DeleteIndex, SequencedFile, referenced_data_file
+from compaction_assets.lake.deletes import (
+    ApplyingDeletes,
+    DeleteIndex,
+    SequencedFile,
+    global_spec_ids,
+    referenced_data_file,
+)
 from compaction_assets.lake.features import refusal
 from compaction_assets.lake.files import LiveFile, live_files, partition_key
 from compaction_assets.lake.manifest_cache import live_entries, manifest_contents
@@ -164,8 +170,9 @@ def commit_together(
         added_since = KeyDefaultDict(
             lambda base, head_id=head_id: _deletes_added_since(table.metadata, table.io, base, head_id)
         )
+        global_specs = global_spec_ids(table.metadata.specs().values())
         for attempt in list(pending):
-            if reason := _conflict(attempt, live, added_since):
+            if reason := _conflict(attempt, live, added_since, global_specs):
                 settle(attempt, lambda a=attempt, r=reason: roll_back(table, ledger, a, r))
         if not pending:
             return
@@ -189,7 +196,10 @@ def commit_together(
 
 
 def _conflict(
-    attempt: Attempt, live: dict[str, LiveFile], added_since: Mapping[int | None, list[DataFile]]
+    attempt: Attempt,
+    live: dict[str, LiveFile],
+    added_since: Mapping[int | None, list[DataFile]],
+    global_specs: frozenset[int],
 ) -> str | None:
     """Why the attempt cannot commit on the current head, or None."""
     missing = [p for p in attempt.source_files if p not in live]
@@ -204,10 +214,10 @@ def _conflict(
             added = added_since[attempt.base_snapshot_id]
         except ValidationException as exc:
             return str(exc)
-        if reason := _delete_conflict(data, added):
+        if reason := _delete_conflict(data, added, global_specs):
             return reason
     data_files = [f for f in live.values() if not f.is_delete]
-    return _uncovered(replaced, data_files, attempt.covered_files)
+    return _uncovered(replaced, data_files, attempt.covered_files, global_specs)
 
 
 def _deletes_added_since(
@@ -252,13 +262,15 @@ def _only_appends_data(snapshot: Snapshot) -> bool:
     return summary is not None and summary.operation == Operation.APPEND and not summary[ADDED_DELETE_FILES]
 
 
-def _delete_conflict(replaced: Sequence[DataFile], added_deletes: Sequence[DataFile]) -> str | None:
+def _delete_conflict(
+    replaced: Sequence[DataFile], added_deletes: Sequence[DataFile], global_specs: frozenset[int]
+) -> str | None:
     """A position delete added after the base that can apply to a replaced file, described; else None.
 
     Equality deletes added after the base are no conflict: the results carry the base's data
     sequence number, so those deletes apply to the rewritten rows as they did to the replaced ones
     (Java's RewriteFiles ignores them once `dataSequenceNumber` is set)."""
-    index = DeleteIndex(d for d in added_deletes if d.content == DataFileContent.POSITION_DELETES)
+    index = DeleteIndex((d for d in added_deletes if d.content == DataFileContent.POSITION_DELETES), global_specs)
     if not index:
         return None
     for data_file in replaced:
@@ -271,7 +283,10 @@ def _delete_conflict(replaced: Sequence[DataFile], added_deletes: Sequence[DataF
 
 
 def _uncovered(
-    replaced: Sequence[SequencedFile], data_files: Iterable[SequencedFile], covered: Sequence[str] | None
+    replaced: Sequence[SequencedFile],
+    data_files: Iterable[SequencedFile],
+    covered: Sequence[str] | None,
+    global_specs: frozenset[int],
 ) -> str | None:
     """Why replacing these files would bring deleted rows back, or None: an equality delete among
     them applies (lake.deletes.ApplyingDeletes) to a live data file outside `covered`, the data files
@@ -281,7 +296,7 @@ def _uncovered(
     equality = [f for f in replaced if f.data_file.content == DataFileContent.EQUALITY_DELETES]
     if not equality:
         return None
-    index, accounted = ApplyingDeletes(equality), set(covered or ())
+    index, accounted = ApplyingDeletes(equality, global_specs), set(covered or ())
     for data in data_files:
         if data.data_file.file_path not in accounted and (applying := index.for_data_file(data)):
             return (
@@ -374,6 +389,7 @@ class _RewriteFiles(_OverwriteFiles):
         self._rewrites = list(rewrites)
         self._data_sequence_numbers: dict[str, int | None] = {}
         self._dangling: list[DataFile] = []  # this try's
+        self._global_specs = global_spec_ids(transaction.table_metadata.specs().values())
         self._scanned: list[tuple[ManifestFile, ManifestContents, list[int]]] = []  # this try's
         for rewrite in rewrites:
             for data_file in rewrite.replaced:
@@ -454,7 +470,7 @@ class _RewriteFiles(_OverwriteFiles):
             if not (replaced := rewrite.replaced_data):
                 continue
             added = _deletes_added_since(metadata, self._io, rewrite.base_snapshot_id, self._parent_snapshot_id)
-            if reason := _delete_conflict(replaced, added):
+            if reason := _delete_conflict(replaced, added, self._global_specs):
                 raise ValidationException(reason)
 
     def _scan(self, snapshot_id: int | None) -> list[tuple[ManifestFile, ManifestContents, list[int]]]:
@@ -473,7 +489,7 @@ class _RewriteFiles(_OverwriteFiles):
         read: dict[int, ManifestContents] = {}
         for i, manifest in enumerate(manifests):
             global_deletes = (
-                manifest.content == ManifestContent.DELETES and self.spec(manifest.partition_spec_id).is_unpartitioned()
+                manifest.content == ManifestContent.DELETES and manifest.partition_spec_id in self._global_specs
             )
             if global_deletes or evaluators[manifest.partition_spec_id](manifest):
                 read[i] = manifest_contents(manifest, self._io)
@@ -481,7 +497,9 @@ class _RewriteFiles(_OverwriteFiles):
         replaced = {f.file_path for f in self._deleted_data_files}
         if missing := sorted(replaced - files.keys()):
             raise ValidationException(f"Missing required files to delete: {', '.join(missing)}")
-        deletes = ApplyingDeletes(f for f in files.values() if f.is_delete and f.path not in replaced)
+        deletes = ApplyingDeletes(
+            (f for f in files.values() if f.is_delete and f.path not in replaced), self._global_specs
+        )
         replaced_data = [files[p] for p in replaced if not files[p].is_delete]
         candidates = {d.path: d for data in replaced_data for d in deletes.for_data_file(data)}
         # a global delete (candidate, or replaced equality delete) can apply to data files of any partition
@@ -489,7 +507,14 @@ class _RewriteFiles(_OverwriteFiles):
             *candidates.values(),
             *(files[p] for p in replaced if files[p].data_file.content == DataFileContent.EQUALITY_DELETES),
         ]
-        upto = max((f.data_sequence_number for f in in_question if len(f.data_file.partition) == 0), default=-1)
+        upto = max(
+            (
+                f.data_sequence_number
+                for f in in_question
+                if len(f.data_file.partition) == 0 or f.data_file.spec_id in self._global_specs
+            ),
+            default=-1,
+        )
         for i, manifest in enumerate(manifests):
             if i in read or manifest.content != ManifestContent.DATA or (manifest.min_sequence_number or 0) > upto:
                 continue
@@ -503,9 +528,10 @@ class _RewriteFiles(_OverwriteFiles):
         ]
         for rewrite in self._rewrites:
             sources = [files[f.file_path] for f in rewrite.replaced]
-            if reason := _uncovered(sources, [*remaining, *results], rewrite.covered):
+            if reason := _uncovered(sources, [*remaining, *results], rewrite.covered, self._global_specs):
                 raise ValidationException(reason)
-        self._dangling = [d.data_file for d in _dangling(list(candidates.values()), remaining, results)]
+        dangling = _dangling(list(candidates.values()), remaining, results, self._global_specs)
+        self._dangling = [d.data_file for d in dangling]
         removed = replaced | {f.file_path for f in self._dangling}
         return [
             (
@@ -639,13 +665,16 @@ def _sequenced(contents: ManifestContents) -> list[_Sequenced]:
 
 
 def _dangling(
-    candidates: Sequence[_Sequenced], remaining: Iterable[_Sequenced], results: Iterable[_Sequenced]
+    candidates: Sequence[_Sequenced],
+    remaining: Iterable[_Sequenced],
+    results: Iterable[_Sequenced],
+    global_specs: frozenset[int],
 ) -> list[_Sequenced]:
     """The candidate delete files that apply (ApplyingDeletes) to none of the remaining data files
     nor, for equality deletes, to the added ones (a position delete names paths the results lack)."""
     if not candidates:
         return []
-    index = ApplyingDeletes(candidates)
+    index = ApplyingDeletes(candidates, global_specs)
     applying: set[str] = set()
     for data in remaining:
         applying.update(d.data_file.file_path for d in index.for_data_file(data))

@@ -340,15 +340,19 @@ def _data_keys(
 
 
 def _column(batch: pa.RecordBatch, name: str, canonical: pa.DataType) -> pa.Array:
-    """A projected column in one Arrow type for every file (string vs large_string, extension storage)."""
+    """A projected column in one Arrow type for every file (string vs large_string, extension storage);
+    every NaN one bit pattern (Java's Double.compare: NaN matches NaN, whatever its payload)."""
     column = batch.column(name)
-    if isinstance(column.type, pa.ExtensionType):
+    if isinstance(column.type, pa.BaseExtensionType):
         column = column.storage
-    return column if column.type == canonical else column.cast(canonical)
+    column = column if column.type == canonical else column.cast(canonical)
+    if pa.types.is_floating(column.type):
+        column = pc.if_else(pc.is_nan(column), pa.scalar(float("nan"), column.type), column)
+    return column
 
 
 def _storage(arrow_type: pa.DataType) -> pa.DataType:
-    return arrow_type.storage_type if isinstance(arrow_type, pa.ExtensionType) else arrow_type
+    return arrow_type.storage_type if isinstance(arrow_type, pa.BaseExtensionType) else arrow_type
 
 
 def rewrite_position_deletes(

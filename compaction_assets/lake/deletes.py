@@ -22,7 +22,11 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 from pyiceberg.manifest import DataFile, DataFileContent
+from pyiceberg.partitioning import PartitionSpec
+from pyiceberg.transforms import VoidTransform
 from pyiceberg.typedef import Record
+
+from compaction_assets.lake.partition_key import PartitionId, partition_id
 
 FILE_PATH_FIELD_ID = 2147483546  # the file_path column of a position delete file (Iceberg spec reserved id)
 _NAN = object()  # NaN partition values are one partition (NaN != NaN would make each its own)
@@ -54,6 +58,12 @@ def path_in_bounds(delete_file: DataFile, data_path: str) -> bool:
     return (lower is None or lower <= path) and (upper is None or path <= upper)
 
 
+def global_spec_ids(specs: Iterable[PartitionSpec]) -> frozenset[int]:
+    """The ids of the specs whose delete files are global: no field, or void fields only (Java's
+    PartitionSpec.isUnpartitioned; a v1 table's dropped partition field stays as a void one)."""
+    return frozenset(s.spec_id for s in specs if all(isinstance(f.transform, VoidTransform) for f in s.fields))
+
+
 def _tuple(partition: Record) -> tuple[Any, ...]:
     return tuple(
         _NAN if isinstance(v, float) and math.isnan(v) else v for v in (partition[i] for i in range(len(partition)))
@@ -63,7 +73,7 @@ def _tuple(partition: Record) -> tuple[Any, ...]:
 class DeleteIndex:
     """Delete files indexed for "which of them can apply to this data file" (see the module doc)."""
 
-    def __init__(self, delete_files: Iterable[DataFile]) -> None:
+    def __init__(self, delete_files: Iterable[DataFile], global_specs: frozenset[int] = frozenset()) -> None:
         self._by_path: dict[str, list[DataFile]] = {}
         self._by_partition: dict[tuple[Any, ...], list[DataFile]] = {}
         self._global: list[DataFile] = []
@@ -72,7 +82,7 @@ class DeleteIndex:
                 raise ValueError(f"not a delete file: {delete_file.file_path}")
             if (path := referenced_data_file(delete_file)) is not None:
                 self._by_path.setdefault(path, []).append(delete_file)
-            elif len(delete_file.partition) == 0:  # unpartitioned spec: applies to every data file
+            elif len(delete_file.partition) == 0 or delete_file.spec_id in global_specs:  # unpartitioned spec
                 self._global.append(delete_file)
             else:
                 self._by_partition.setdefault(_tuple(delete_file.partition), []).append(delete_file)
@@ -100,8 +110,10 @@ class SequencedFile(Protocol):
     def data_sequence_number(self) -> int: ...
 
 
-def _scope(data_file: DataFile) -> tuple[int, tuple[Any, ...]]:
-    return data_file.spec_id, _tuple(data_file.partition)
+def _scope(data_file: DataFile) -> PartitionId:
+    """Spec id and partition values as the planner groups files (floats by their bits: -0.0 is not
+    0.0, as Java's Double.compare has it; every NaN one)."""
+    return partition_id(data_file.spec_id, data_file.partition)
 
 
 class ApplyingDeletes:
@@ -112,17 +124,18 @@ class ApplyingDeletes:
       file_path bounds admit the data file's path (its rows then name the positions);
     - an equality delete applies when it is of the data file's spec and partition, or of an
       unpartitioned spec, and the data file's data sequence number is < the delete's.
+    A spec is unpartitioned when it has no field or, with `global_specs` (global_spec_ids), only void ones.
     A position delete listed here may hold no row for the file: the rewrite reads it to find out.
     """
 
-    def __init__(self, deletes: Iterable[SequencedFile]) -> None:
-        self._scoped: dict[tuple[int, tuple[Any, ...]], list[SequencedFile]] = {}
+    def __init__(self, deletes: Iterable[SequencedFile], global_specs: frozenset[int] = frozenset()) -> None:
+        self._scoped: dict[PartitionId, list[SequencedFile]] = {}
         self._global: list[SequencedFile] = []
         for delete in deletes:
             content = delete.data_file.content
             if content == DataFileContent.DATA:
                 raise ValueError(f"not a delete file: {delete.data_file.file_path}")
-            if len(delete.data_file.partition) == 0:
+            if len(delete.data_file.partition) == 0 or delete.data_file.spec_id in global_specs:
                 self._global.append(delete)
             else:
                 self._scoped.setdefault(_scope(delete.data_file), []).append(delete)

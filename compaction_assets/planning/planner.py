@@ -103,9 +103,10 @@ class DeleteMap:
     by_delete: Mapping[str, frozenset[str]] = field(default_factory=dict)  # delete path -> data paths
 
     @classmethod
-    def of(cls, files: Iterable[FileStat]) -> DeleteMap:
+    def of(cls, files: Iterable[FileStat], global_specs: frozenset[int] = frozenset()) -> DeleteMap:
+        """`global_specs`: the specs of void fields only, whose deletes are global (global_spec_ids)."""
         files = list(files)
-        index = ApplyingDeletes(f for f in files if f.is_delete)
+        index = ApplyingDeletes((f for f in files if f.is_delete), global_specs)
         if not index:
             return cls()
         by_data: dict[str, tuple[FileStat, ...]] = {}
