@@ -14,8 +14,9 @@ picks, first match wins:
 1. a data rewrite (kind major) when a delete trigger fires: a candidate file with at least
    `delete_file_threshold` applying delete files is rewritten; when the partition's deleted-row
    ratio reaches `delete_ratio_threshold`, every candidate file with an applying delete is. They
-   are bin-packed with the partition's fragments into groups of at most max_group_bytes; a file
-   with deletes is a group of its own if nothing packs with it (it shrinks; its deletes go);
+   are bin-packed with the partition's fragments into groups of about one target file (so a
+   large rewrite spreads over Spark tasks); a file with deletes is a group of its own if nothing
+   packs with it (it shrinks; its deletes go);
 2. a data rewrite by file size (minor, else major as above); fragments with deletes get them
    applied;
 3. `convert-equality-deletes` when at least `equality_delete_file_threshold` equality-delete files
@@ -344,7 +345,7 @@ def _plan_rewrite(
     if triggers:
         triggered = {f.path: f for f in [*by_count, *by_ratio]}
         extra = [f for f in fragments if f.path not in triggered]
-        kind, chosen, capacity = Kind.MAJOR, [*triggered.values(), *extra], policy.max_group_bytes
+        kind, chosen, capacity = Kind.MAJOR, [*triggered.values(), *extra], policy.target_file_size_bytes
         why = f"{' and '.join(triggers)} rewritten" + (f", packed with {len(extra)} fragment(s)" if extra else "")
     elif len(fragments) >= policy.min_input_files:
         kind, chosen, capacity = Kind.MINOR, fragments, policy.target_file_size_bytes
