@@ -536,10 +536,13 @@ def _sources(
         )
         for d in applying
     ]
-    sources = [
-        SourceFile(p, files[p].size, files[p].record_count, [index[d.path] for d in deletes.for_data(p)])
-        for p in group.paths
-    ]
+    indices: dict[int, list[int]] = {}  # per shared delete list (DeleteMap), computed once
+    sources = []
+    for p in group.paths:
+        applying_p = deletes.for_data(p)
+        if (listed := indices.get(id(applying_p))) is None:
+            listed = indices[id(applying_p)] = [index[d.path] for d in applying_p]
+        sources.append(SourceFile(p, files[p].size, files[p].record_count, listed))
     return sources, specs
 
 

@@ -416,7 +416,7 @@ class _RewriteFiles(_OverwriteFiles):
         """The schema to type spec `spec_id`'s partition with: the current one, unless another engine
         dropped a source column of this (older) spec; then the newest schema that has them all.
         pyiceberg 0.12 types such a partition field `unknown`, which no predicate binds to and no
-        manifest writer can write."""
+        manifest writer can write. (Each call rebuilds the transaction's metadata: ask once per spec.)"""
         metadata = self._transaction.table_metadata
         sources = {f.source_id for f in self.spec(spec_id).fields}
         for schema in [metadata.schema(), *sorted(metadata.schemas, key=lambda s: -s.schema_id)]:
@@ -644,10 +644,11 @@ class _RewriteFiles(_OverwriteFiles):
         )
         collector = SnapshotSummaryCollector(partition_summary_limit=limit or 0)
         removed = [*self._deleted_data_files, *self._dangling]
+        schemas = KeyDefaultDict(self._spec_schema)  # once per spec, not per file
         for data_file in self._added_data_files:
-            collector.add_file(data_file, self._spec_schema(data_file.spec_id), specs[data_file.spec_id])
+            collector.add_file(data_file, schemas[data_file.spec_id], specs[data_file.spec_id])
         for data_file in removed:
-            collector.remove_file(data_file, self._spec_schema(data_file.spec_id), specs[data_file.spec_id])
+            collector.remove_file(data_file, schemas[data_file.spec_id], specs[data_file.spec_id])
         changes = collector.build()
         # Java counts the unpartitioned spec's one partition (path ""); pyiceberg's collector skips it
         files = [*self._added_data_files, *removed]

@@ -17,6 +17,7 @@ can only make more commits back off, never let a delete that applies go unseen.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Iterable
 from typing import Any, Protocol
@@ -129,26 +130,64 @@ class ApplyingDeletes:
     """
 
     def __init__(self, deletes: Iterable[SequencedFile], global_specs: frozenset[int] = frozenset()) -> None:
-        self._scoped: dict[PartitionId, list[SequencedFile]] = {}
-        self._global: list[SequencedFile] = []
+        self._scoped: dict[PartitionId, _Scope] = {}
+        self._global = _Scope()
         for delete in deletes:
             content = delete.data_file.content
             if content == DataFileContent.DATA:
                 raise ValueError(f"not a delete file: {delete.data_file.file_path}")
             if len(delete.data_file.partition) == 0 or delete.data_file.spec_id in global_specs:
-                self._global.append(delete)
+                self._global.add(delete)
             else:
-                self._scoped.setdefault(_scope(delete.data_file), []).append(delete)
+                self._scoped.setdefault(_scope(delete.data_file), _Scope()).add(delete)
+        for scope in [*self._scoped.values(), self._global]:
+            scope.seal()
 
     def __bool__(self) -> bool:
         return bool(self._scoped or self._global)
 
     def for_data_file(self, data: SequencedFile) -> list[SequencedFile]:
-        """The live delete files that apply to `data`, by the spec's rule (see the class doc)."""
+        """The live delete files that apply to `data`, by the spec's rule (see the class doc), in a
+        stable order: position deletes, then equality deletes by descending sequence number."""
         if not self:
             return []
-        candidates = [*self._scoped.get(_scope(data.data_file), ()), *self._global]
-        return [d for d in candidates if applies(d, data)]
+        scoped = self._scoped.get(_scope(data.data_file))
+        found = scoped.applying(data) if scoped is not None else []
+        return found + self._global.applying(data) if self._global else found
+
+
+class _Scope:
+    """The delete files of one scope (a partition, or the global deletes), indexed: position
+    deletes that name one file by that path, the rest by their bounds; equality deletes sorted by
+    sequence number, so the ones newer than a data file are a prefix found by bisection."""
+
+    def __init__(self) -> None:
+        self._by_path: dict[str, list[SequencedFile]] = {}
+        self._positional: list[SequencedFile] = []
+        self._equality: list[SequencedFile] = []
+        self._negated_seqs: list[int] = []
+
+    def __bool__(self) -> bool:
+        return bool(self._by_path or self._positional or self._equality)
+
+    def add(self, delete: SequencedFile) -> None:
+        if delete.data_file.content == DataFileContent.EQUALITY_DELETES:
+            self._equality.append(delete)
+        elif (path := referenced_data_file(delete.data_file)) is not None:
+            self._by_path.setdefault(path, []).append(delete)
+        else:
+            self._positional.append(delete)
+
+    def seal(self) -> None:
+        self._equality.sort(key=lambda d: (-d.data_sequence_number, d.data_file.file_path))
+        self._negated_seqs = [-d.data_sequence_number for d in self._equality]
+
+    def applying(self, data: SequencedFile) -> list[SequencedFile]:
+        seq, path = data.data_sequence_number, data.data_file.file_path
+        found = [d for d in self._by_path.get(path, ()) if seq <= d.data_sequence_number]
+        found += [d for d in self._positional if applies(d, data)]
+        # equality deletes with a sequence number > seq: -number < -seq, a prefix of the sorted list
+        return found + self._equality[: bisect.bisect_left(self._negated_seqs, -seq)]
 
 
 def applies(delete: SequencedFile, data: SequencedFile) -> bool:

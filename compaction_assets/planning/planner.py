@@ -112,12 +112,19 @@ class DeleteMap:
             return cls()
         by_data: dict[str, tuple[FileStat, ...]] = {}
         by_delete: dict[str, set[str]] = {}
+        shared: dict[tuple[int, ...], tuple[FileStat, ...]] = {}  # one sorted tuple per distinct delete list
+        sharing: dict[int, tuple[tuple[FileStat, ...], list[str]]] = {}  # its data files
         for f in files:
             if f.is_delete or not (deletes := index.for_data_file(f)):
                 continue
-            by_data[f.path] = tuple(sorted(deletes, key=lambda d: d.path))
-            for d in deletes:
-                by_delete.setdefault(d.path, set()).add(f.path)
+            key = tuple(map(id, deletes))  # the index returns its own objects in a stable order
+            if (ordered := shared.get(key)) is None:
+                ordered = shared[key] = tuple(sorted(deletes, key=lambda d: d.path))
+            by_data[f.path] = ordered
+            sharing.setdefault(id(ordered), (ordered, []))[1].append(f.path)
+        for ordered, paths in sharing.values():
+            for d in ordered:
+                by_delete.setdefault(d.path, set()).update(paths)
         return cls(by_data, {k: frozenset(v) for k, v in by_delete.items()})
 
     def for_data(self, path: str) -> tuple[FileStat, ...]:
@@ -125,7 +132,8 @@ class DeleteMap:
 
     def distinct(self, data_paths: Iterable[str]) -> list[FileStat]:
         """The delete files applying to any of `data_paths`, each once, by path."""
-        found = {d.path: d for p in data_paths for d in self.for_data(p)}
+        lists = {id(t): t for t in map(self.for_data, data_paths)}  # data files share delete lists
+        found = {d.path: d for t in lists.values() for d in t}
         return [found[k] for k in sorted(found)]
 
 
