@@ -103,7 +103,8 @@ def test_groups_never_exceed_max_group_bytes():
     policy = Policy(target_file_size_bytes=800 * KB, max_group_bytes=1000 * KB)
     plan = plan_partition("p=1", [F(f"f{i}", 300 * KB) for i in range(10)], policy, current_spec_id=0)
     assert plan.kind == Kind.MAJOR
-    assert [len(g.paths) for g in plan.groups] == [3, 3, 3]  # the tenth file alone is not worth a group
+    # four bins by first-fit; balanced, the tenth file no longer sits alone (and unrewritten)
+    assert sorted(len(g.paths) for g in plan.groups) == [2, 2, 3, 3]
     assert all(g.bytes <= 1000 * KB for g in plan.groups)
 
 

@@ -509,16 +509,26 @@ def _load_text(stats: PartitionStats) -> str:
 
 
 def _bin_pack(files: Sequence[FileStat], capacity: int) -> list[_Bin]:
-    """First-fit decreasing by data bytes (what lands in the output); ties broken by path."""
+    """First-fit decreasing by data bytes (what lands in the output); ties broken by path. Then the
+    same number of bins is balanced (each file to the least-filled bin, largest first) where that
+    keeps every bin within capacity: groups are Spark tasks, and the fullest one sets the pace."""
+    ordered = sorted(files, key=lambda f: (-f.data_bytes, f.path))
     bins: list[_Bin] = []
-    for f in sorted(files, key=lambda f: (-f.data_bytes, f.path)):
+    for f in ordered:
         target = next((b for b in bins if b.used + f.data_bytes <= b.capacity), None)
         if target is None:
             target = _Bin(capacity)
             bins.append(target)
         target.files.append(f)
         target.used += f.data_bytes
-    return bins
+    if len(bins) < 2:
+        return bins
+    balanced = [_Bin(capacity) for _ in bins]
+    for f in ordered:
+        target = min(balanced, key=lambda b: b.used)
+        target.files.append(f)
+        target.used += f.data_bytes
+    return balanced if all(b.used <= capacity for b in balanced) else bins
 
 
 def _to_group(b: _Bin, policy: Policy) -> FileGroup:
