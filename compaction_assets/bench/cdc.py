@@ -31,6 +31,7 @@ from compaction_assets.lake.files import live_files
 CDC = Dataset("cdc", 1_000, 5_000)
 EQUALITY_FILES, KEYS_PER_EQUALITY_FILE = 300, 3_334
 POSITION_FILES, POSITIONS_PER_FILE = 200, 500
+EQUALITY_KEYS = EQUALITY_FILES * KEYS_PER_EQUALITY_FILE
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class CdcDeletes:
 def plan_deletes(dataset: Dataset, seed: int = 3) -> CdcDeletes:
     """Which rows go: equality keys drawn over every file, positions in POSITION_FILES files."""
     rng = np.random.default_rng(seed)
-    keys = rng.choice(dataset.rows, size=EQUALITY_FILES * KEYS_PER_EQUALITY_FILE, replace=False).astype(np.int64)
+    keys = rng.choice(dataset.rows, size=EQUALITY_KEYS, replace=False).astype(np.int64)
     victims = rng.choice(dataset.files, size=POSITION_FILES, replace=False)
     positions = {
         f"part-{i:05d}.parquet": np.sort(rng.choice(dataset.rows_per_file, POSITIONS_PER_FILE, replace=False))

@@ -136,14 +136,18 @@ def compare(
     spark_result = contenders.spark_dataframe(spark, sources, folder / "spark", TARGET, expected, bytes_in)
     _check(dataset, spark_result)
     report.results.append(spark_result)
+    log_results(report, log)
+    return report
+
+
+def log_results(report: DatasetReport, log: Callable[[str], None]) -> None:
     for result in report.results:
         log(
-            f"[{dataset.name}] {result.contender:<16} {result.seconds:7.2f}s {result.mb_per_s:7.1f} MB/s  "
+            f"[{report.dataset}] {result.contender:<16} {result.seconds:7.2f}s {result.mb_per_s:7.1f} MB/s  "
             f"files {result.files_before} -> {result.files_after}  peak RSS {result.peak_rss / MiB:6.0f} MiB "
             f"({result.rss_of})  rows {'identical' if result.rows_identical else 'DIFFERENT'}"
             + (f"  median of {len(result.runs)}" if len(result.runs) > 1 else "")
         )
-    return report
 
 
 def median_results(timed: dict[str, list[contenders.Result]]) -> list[contenders.Result]:
@@ -257,6 +261,7 @@ def run_bench(
                 bytes_in, timed = cdc.compare_cdc(engine, root, log, repeats, TARGET)
                 cdc_report = DatasetReport(dataset.name, dataset.files, dataset.rows, bytes_in)
                 cdc_report.results.extend(median_results(timed))
+                log_results(cdc_report, log)
                 report.datasets.append(cdc_report)
             else:
                 report.datasets.append(compare(engine, spark, root, dataset, log, repeats))
@@ -298,6 +303,9 @@ def run_bench(
         log(f"commits_per_table={commits['commits']} for {commits['partitions_compacted']} partitions")
     for d in report.datasets:
         ratio = d.ratio_vs_deltars
+        if d.dataset == cdc.CDC.name:
+            ours = next(r for r in d.results if r.contender == "ours")
+            log(f"cdc_worker_peak_rss_mb={ours.peak_rss / MiB:.0f} equality_keys={cdc.EQUALITY_KEYS}")
         log(
             f"dataset={d.dataset} "
             + (f"ratio_vs_deltars={ratio:.3f} " if ratio is not None else "")
