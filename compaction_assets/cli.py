@@ -8,6 +8,7 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -17,6 +18,11 @@ from compaction_assets.engine import Engine, PartitionOutcome
 from compaction_assets.errors import CatalogError, CompactionError, ConfigError
 from compaction_assets.lake.catalog import TableNotFound
 from compaction_assets.redact import RedactingFilter, redact
+
+if TYPE_CHECKING:
+    from pyiceberg.table import Table
+
+    from compaction_assets.lake.digest import RowsDigest
 
 
 def _engine(ctx: click.Context, read_only: bool = False, new_catalog: bool = False) -> Engine:
@@ -408,22 +414,42 @@ def demo(ctx: click.Context, files_per_partition: int, stream: bool, no_ui: bool
 
 def _compact_all(engine: Engine, tables: list[str]) -> int:
     from compaction_assets.lake.catalog import load_table
-    from compaction_assets.lake.digest import rows_digest
 
     failed = False
     for name in tables:
-        before = rows_digest(load_table(engine.catalog, name))
+        before = _digest(load_table(engine.catalog, name))
         started = time.monotonic()
         outcomes = engine.compact(name)
-        after = rows_digest(load_table(engine.catalog, name))
+        after = _digest(load_table(engine.catalog, name))
         _print_outcomes(outcomes)
+        failed |= not all(o.ok for o in outcomes)
+        seconds = time.monotonic() - started
+        if before is None or after is None:  # tests/test_mor_compaction.py compares such tables
+            rows = after.rows if after is not None else "?"
+            click.echo(
+                f"  {name}: {rows} rows after; content not compared (pyiceberg cannot read equality deletes), "
+                f"{seconds:.1f}s"
+            )
+            continue
         same = before == after
-        failed |= not same or not all(o.ok for o in outcomes)
+        failed |= not same
         click.echo(
             f"  {name}: {before.rows} rows, content {'identical' if same else 'CHANGED'} "
-            f"({before.sha256[:12]}), {time.monotonic() - started:.1f}s"
+            f"({before.sha256[:12]}), {seconds:.1f}s"
         )
     return 1 if failed else 0
+
+
+def _digest(table: Table) -> RowsDigest | None:
+    """The table's rows digest, or None while it has equality deletes (pyiceberg 0.12 refuses them)."""
+    from pyiceberg.manifest import DataFileContent
+
+    from compaction_assets.lake.digest import rows_digest
+    from compaction_assets.lake.files import live_files
+
+    if any(f.data_file.content == DataFileContent.EQUALITY_DELETES for f in live_files(table)):
+        return None
+    return rows_digest(table)
 
 
 def _print_outcomes(outcomes: list[PartitionOutcome]) -> None:
