@@ -261,6 +261,30 @@ class Engine:
                 self._abandon(table, item.attempt, f"could not start the rewrite: {_first_line(exc)}")
             raise
 
+    def _begin_attempt(
+        self,
+        table_name: str,
+        tplan: TablePlan,
+        plan: PartitionPlan,
+        task: tuple[str | None, int],
+        out_dir: str,
+        source_files: list[str],
+        rows_in: int,
+        bytes_in: int,
+    ) -> Attempt:
+        """An EXECUTING ledger row for one partition's plan, on the plan's snapshot."""
+        return self.ledger.begin(
+            task_id=_task_id(*task, plan),
+            table_name=table_name,
+            partition_key=plan.partition_key,
+            kind=str(plan.kind),
+            base_snapshot_id=tplan.snapshot_id,
+            source_files=source_files,
+            output_dirs=[out_dir],
+            rows_in=rows_in,
+            bytes_in=bytes_in,
+        )
+
     def _build_tiers(
         self,
         table: Table,
@@ -279,14 +303,13 @@ class Engine:
         for plan in todo:
             out_dir = f"{data_path}/{plan.partition_key}" if plan.partition_key else data_path
             deletes = [files[p] for p in plan.delete_paths]
-            attempt = self.ledger.begin(
-                task_id=_task_id(*task, plan),
-                table_name=table_name,
-                partition_key=plan.partition_key,
-                kind=str(plan.kind),
-                base_snapshot_id=tplan.snapshot_id,
-                source_files=list(plan.delete_paths),
-                output_dirs=[out_dir],
+            attempt = self._begin_attempt(
+                table_name,
+                tplan,
+                plan,
+                task,
+                out_dir,
+                list(plan.delete_paths),
                 rows_in=sum(d.record_count for d in deletes),
                 bytes_in=sum(d.size for d in deletes),
             )
@@ -351,14 +374,13 @@ class Engine:
         sort_columns = _sort_columns(table) if any(p.kind == Kind.MAJOR for p in todo) else []
         for plan in todo:
             out_dir = f"{data_path}/{plan.partition_key}" if plan.partition_key else data_path
-            attempt = self.ledger.begin(
-                task_id=_task_id(*task, plan),
-                table_name=table_name,
-                partition_key=plan.partition_key,
-                kind=str(plan.kind),
-                base_snapshot_id=tplan.snapshot_id,
-                source_files=plan.source_paths,
-                output_dirs=[out_dir],
+            attempt = self._begin_attempt(
+                table_name,
+                tplan,
+                plan,
+                task,
+                out_dir,
+                plan.source_paths,
                 rows_in=sum(g.records for g in plan.groups),
                 bytes_in=plan.input_bytes,
             )

@@ -34,7 +34,7 @@ from compaction_assets.lake.files import live_files
 from compaction_assets.planning.planner import DeleteMap, Kind
 from tests.conftest import BY_REGION, SCHEMA, Lake, batch, create_fragmented
 from tests.lakekit.duckdb_reader import duckdb_rows
-from tests.lakekit.oracle import row_key
+from tests.lakekit.files import data_of, kinds, rows
 from tests.lakekit.spec_reader import spec_rows
 
 
@@ -63,22 +63,6 @@ def _all_rows(table) -> list[dict]:  # noqa: ANN001
         if not f.is_delete
         for r in pq.read_table(f.path.removeprefix("file://")).to_pylist()
     ]
-
-
-def rows(reader, table) -> Counter:  # noqa: ANN001
-    return Counter(row_key(r) for r in reader(table))
-
-
-def kinds(table) -> Counter:  # noqa: ANN001
-    return Counter(DataFileContent(f.data_file.content).name for f in live_files(table))
-
-
-def data_of(table, region: str) -> list:  # noqa: ANN001
-    key = f"region={region}"
-    return sorted(
-        (f.data_file for f in live_files(table) if f.partition_key == key and not f.is_delete),
-        key=lambda f: f.file_path,
-    )
 
 
 def test_a_partition_whose_every_row_is_deleted_is_compacted_to_nothing(lake: Lake):

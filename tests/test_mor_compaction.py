@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections import Counter
 
-from pyiceberg.manifest import DataFileContent
 from pyiceberg.table.snapshots import Operation
 
 from compaction_assets.lake.delete_files import commit_delete_files, equality_delete_file, position_delete_file
@@ -14,24 +13,9 @@ from compaction_assets.lake.files import live_files
 from compaction_assets.planning.planner import Kind
 from tests.conftest import Lake, batch, create_fragmented
 from tests.lakekit.duckdb_reader import duckdb_rows
+from tests.lakekit.files import data_of, kinds, rows
 from tests.lakekit.oracle import row_key
 from tests.lakekit.spec_reader import spec_rows
-
-
-def rows(reader, table) -> Counter:  # noqa: ANN001
-    return Counter(row_key(r) for r in reader(table))
-
-
-def kinds(table) -> Counter:  # noqa: ANN001
-    return Counter(DataFileContent(f.data_file.content).name for f in live_files(table))
-
-
-def data_of(table, region: str) -> list:  # noqa: ANN001
-    key = f"region={region}"
-    return sorted(
-        (f.data_file for f in live_files(table) if f.partition_key == key and not f.is_delete),
-        key=lambda f: f.file_path,
-    )
 
 
 def test_a_partition_with_both_kinds_of_deletes_is_rewritten_to_live_rows_and_its_delete_files_go(lake: Lake):
