@@ -31,6 +31,8 @@ def test_a_partition_with_both_kinds_of_deletes_is_rewritten_to_live_rows_and_it
         table = lake.table("ns.t")
     expected = rows(spec_rows, table)
     assert sum(expected.values()) == 18 * 50 - 4 - 6
+    # ids are unique across regions, so DuckDB 1.4.4 applying partition-scoped deletes everywhere is harmless
+    assert rows(duckdb_rows, table) == expected
 
     outcomes = {o.partition_key: o for o in lake.engine.compact("ns.t")}
 
