@@ -27,6 +27,7 @@ from compaction_assets.config import SparkConfig, load_config
 from compaction_assets.demo import append_fragments
 from compaction_assets.engine import Engine
 from compaction_assets.execution.spark import spark_session
+from compaction_assets.local_s3 import LocalS3, local_s3
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -128,14 +129,20 @@ def postgres_schema() -> Iterator[str]:
 
 
 @contextmanager
-def make_lake(root: Path, spark, backend: str = "sqlite") -> Iterator[Lake]:
-    """A lake whose catalog and ledger live in SQLite files, or in a PostgreSQL schema."""
+def make_lake(root: Path, spark, backend: str = "sqlite", s3: LocalS3 | None = None) -> Iterator[Lake]:
+    """A lake whose catalog and ledger live in SQLite files, or in a PostgreSQL schema; its
+    warehouse in a local folder, or (with `s3`) under a fresh prefix of the local S3 server."""
     with ExitStack() as stack:
         extra = {}
+        url = "sqlite:///catalog.db"
         if backend == "postgres":
             url = stack.enter_context(postgres_schema())
-            catalog = {"name": "lake", "properties": {"type": "sql", "uri": url, "warehouse": "file://warehouse"}}
-            extra = {"catalog": catalog, "state": {"uri": url}}
+            extra["state"] = {"uri": url}
+        properties = {"type": "sql", "uri": url, "warehouse": "file://warehouse"}
+        if s3 is not None:
+            properties = s3.catalog_properties(url, prefix=f"lake-{uuid.uuid4().hex[:10]}")
+        if backend == "postgres" or s3 is not None:
+            extra["catalog"] = {"name": "lake", "properties": properties}
         config_path = write_config(root, **extra)
         engine = Engine(load_config(config_path), spark=lambda: spark)
         stack.callback(engine.ledger.dispose)
@@ -148,6 +155,20 @@ def make_lake(root: Path, spark, backend: str = "sqlite") -> Iterator[Lake]:
 @pytest.fixture
 def lake(tmp_path: Path, spark) -> Iterator[Lake]:
     with make_lake(tmp_path, spark) as lake:
+        yield lake
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[LocalS3]:
+    """moto's S3 server on 127.0.0.1 for the whole test session (each lake uses its own prefix)."""
+    with local_s3() as s3:
+        yield s3
+
+
+@pytest.fixture
+def s3_lake(tmp_path: Path, spark, s3_server: LocalS3) -> Iterator[Lake]:
+    """A lake whose warehouse is on the local S3 server, reached through the catalog's s3.* properties."""
+    with make_lake(tmp_path, spark, s3=s3_server) as lake:
         yield lake
 
 
