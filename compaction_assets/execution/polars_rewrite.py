@@ -186,9 +186,10 @@ def rewrite_with_polars(
     except Exception as exc:  # noqa: BLE001 - any failure: clean up, let the per-file path decide
         storage.register_secrets()  # a Polars error may quote its options; the log line must not
         log.warning("polars rewrite of %s fell back to the per-file path: %s", name, redact(str(exc).splitlines()[0]))
-        for location in opened:
+        for location in opened:  # only what exists: pyarrow's S3 delete leaves a folder marker behind
             with contextlib.suppress(OSError):
-                io.delete(location)
+                if io.new_input(location).exists():
+                    io.delete(location)
         return None
     return written
 

@@ -238,8 +238,8 @@ class SourceReader:
                     data = fetch.result()
                 except Exception as exc:
                     raise _unreadable(source.path, exc) from exc
-                held -= source.size
                 yield from self._project(source, _FetchedIO(self._io, source.path, data))
+                held -= source.size  # counted until projected: held bytes include the current file's
 
     def _project(self, source, io: FileIO | None = None) -> Iterator[pa.RecordBatch]:  # noqa: ANN001 - SourceFile
         read = 0
