@@ -161,7 +161,7 @@ def rewrite_with_polars(
             physical = frame.collect_schema().names()
             if physical != target.names:
                 frame = frame.rename(dict(zip(physical, target.names, strict=True)))
-            output = storage.output_path(location)
+            output = storage.path(location)
             if storage.local:  # a partition's first file: Polars makes no local folders
                 os.makedirs(os.path.dirname(output), exist_ok=True)
             frame.sink_parquet(output, storage_options=storage.options, **options)
@@ -206,7 +206,7 @@ def read_schema(io: FileIO, location: str) -> pa.Schema:
 def _footer(io: FileIO, storage: PolarsStorage, location: str) -> pq.FileMetaData:
     """A written file's footer: from the disk, or through the FileIO."""
     if storage.local:
-        return pq.read_metadata(storage.output_path(location))
+        return pq.read_metadata(storage.path(location))
     with io.new_input(location).open() as stream:
         return pq.read_metadata(stream)
 

@@ -51,9 +51,6 @@ class PolarsStorage:
             return local_path(self.io, location)
         return "s3://" + location.split("://", 1)[1]
 
-    def output_path(self, location: str) -> str:
-        return self.path(location)
-
     def register_secrets(self) -> None:
         """Have `redact` mask the credentials Polars was given (a Spark worker loaded no config)."""
         for key in _CREDENTIALS:

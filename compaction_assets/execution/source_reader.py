@@ -95,16 +95,20 @@ class SourceReader:
         pairs = list(zip(self._sources, located, strict=True))
         for start in range(0, len(pairs), CHUNK_FILES):
             chunk = pairs[start : start + CHUNK_FILES]
-            runs, projected = self._split(chunk, threads=FOOTER_THREADS if remote else 1)
+            runs, projected = self._split(chunk, remote)
             for target, run in runs.values():
                 yield from self._scan(target, run)
             yield from self._project_all(projected, remote)
 
-    def _split(self, chunk: list, threads: int) -> tuple[dict[str, tuple[pa.Schema, list]], list]:
-        """Bulk fragments grouped by target schema (one scanner each); the rest for ArrowScan."""
-        fragments = [self._format.make_fragment(path, fs) for _, (path, fs) in chunk]
-        if threads > 1:  # footers of remote files: latency-bound, so read several at once
-            with ThreadPoolExecutor(threads) as pool:
+    def _split(self, chunk: list, remote: bool) -> tuple[dict[str, tuple[pa.Schema, list]], list]:
+        """Bulk fragments grouped by target schema (one scanner each); the rest for ArrowScan.
+        Remote files get their size from the manifest, which spares a HEAD request per open."""
+        fragments = [
+            self._format.make_fragment(path, fs, file_size=source.size if remote else None)
+            for source, (path, fs) in chunk
+        ]
+        if remote:  # footers of remote files: latency-bound, so read several at once
+            with ThreadPoolExecutor(FOOTER_THREADS) as pool:
                 errors = list(pool.map(_load_footer, fragments))
         else:
             errors = [_load_footer(f) for f in fragments]
@@ -218,7 +222,7 @@ class SourceReader:
             return
         with ThreadPoolExecutor(OVERLAP_FILES) as pool:
             queue: deque[tuple[object, Future | None]] = deque()
-            held = 0  # bytes fetched or being fetched
+            held = 0  # bytes of the queued files and of the one being projected
             upcoming = iter(sources)
             pending = next(upcoming, None)
             while pending is not None or queue:
@@ -295,7 +299,7 @@ def projected_batches(
 def _fetch(io: FileIO, location: str) -> pa.Buffer:
     """A whole file's bytes (one GET on an object store)."""
     with io.new_input(location).open(seekable=False) as stream:
-        return pa.py_buffer(stream.read())
+        return stream.read_buffer() if isinstance(stream, pa.NativeFile) else pa.py_buffer(stream.read())
 
 
 def _is_local(location: str) -> bool:
