@@ -46,7 +46,7 @@ class PolarsStorage:
     io: FileIO | None = field(default=None, repr=False)
 
     def path(self, location: str) -> str:
-        """`location` as Polars opens it (object_store knows s3:// only; keys are taken literally)."""
+        """`location` as Polars opens it (s3:// for s3a:// and s3n://, which it lacks; keys taken literally)."""
         if self.local:
             return local_path(self.io, location)
         return "s3://" + location.split("://", 1)[1]
