@@ -9,8 +9,10 @@ is handed to it only when reading by name is reading by Iceberg field id:
 - Polars itself refuses any file with a missing, extra or differently typed column
   (`missing_columns` / `extra_columns` = "raise", no casts), so an older file of an evolved table
   fails the scan, and the group then goes through the per-file projecting path;
-- flat columns of types Polars writes exactly as pyiceberg does, local files, no sort order,
-  and no Parquet table property Polars cannot honour;
+- flat columns of types Polars writes exactly as pyiceberg does, no sort order, and no Parquet
+  table property Polars cannot honour;
+- files Polars reaches itself (execution/polars_storage.py): local files, or all on S3 with FileIO
+  properties that translate to object_store's options (no role to assume, no remote signer);
 - small source files (average <= 8 MiB): the regime where per-file cost dominates and Polars wins
   most. Large files decode in parallel into large buffers (a 2.9 GB group of 39 MB files peaked at
   750 MiB), so they stream through pyarrow, whose memory is bounded by one row-group buffer.
@@ -43,7 +45,9 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.typedef import Record
 from pyiceberg.utils.properties import property_as_int
 
+from compaction_assets.execution.polars_storage import PolarsStorage, local_path, storage_for
 from compaction_assets.faults import crash_point
+from compaction_assets.redact import redact
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +103,7 @@ def qualifies(metadata: TableMetadata, io: FileIO, sources: list, sorted_output:
         not sorted_output
         and bool(sources)
         and sum(s.size for s in sources) <= MAX_AVERAGE_SOURCE_BYTES * len(sources)
-        and isinstance(io, PyArrowFileIO)
-        and all(local_path(io, s.path) is not None for s in sources)
+        and storage_for(io, [s.path for s in sources]) is not None
         and not any(key in props for key in _UNSUPPORTED_PROPERTIES)
         and not any(key.startswith(TableProperties.PARQUET_BLOOM_FILTER_COLUMN_ENABLED_PREFIX) for key in props)
         and props.get(TableProperties.PARQUET_COMPRESSION, TableProperties.PARQUET_COMPRESSION_DEFAULT) in _CODECS
@@ -138,26 +141,31 @@ def rewrite_with_polars(
     }
     stats_plan = compute_statistics_plan(file_schema, props)
     id_mapping = parquet_path_to_id_mapping(file_schema)
+    storage = storage_for(io, [s.path for s in sources])
+    if storage is None:
+        return None
     written: list[DataFile] = []
     opened: list[str] = []
     try:
         for k, chunk in enumerate(_split(sources, max_files)):
             location = f"{name}-{k:05d}.parquet"
             opened.append(location)
-            local = local_path(io, location)
             frame = pl.scan_parquet(
-                [local_path(io, s.path) for s in chunk],
+                [storage.path(s.path) for s in chunk],
                 glob=False,
                 hive_partitioning=False,
                 missing_columns="raise",
                 extra_columns="raise",
+                storage_options=storage.options,
             )
             physical = frame.collect_schema().names()
             if physical != target.names:
                 frame = frame.rename(dict(zip(physical, target.names, strict=True)))
-            os.makedirs(os.path.dirname(local), exist_ok=True)  # a partition's first file: Polars makes no folders
-            frame.sink_parquet(local, **options)
-            footer = pq.read_metadata(local)
+            output = storage.path(location)
+            if storage.local:  # a partition's first file: Polars makes no local folders
+                os.makedirs(os.path.dirname(output), exist_ok=True)
+            frame.sink_parquet(output, storage_options=storage.options, **options)
+            footer = _footer(io, storage, location)
             if footer.num_rows != sum(s.records for s in chunk):
                 raise ValueError(f"{location}: {footer.num_rows} rows, sources say {sum(s.records for s in chunk)}")
             stats = data_file_statistics_from_parquet_metadata(footer, stats_plan, id_mapping)
@@ -176,12 +184,31 @@ def rewrite_with_polars(
             written.append(data_file)
             crash_point("worker_mid_group")
     except Exception as exc:  # noqa: BLE001 - any failure: clean up, let the per-file path decide
-        log.warning("polars rewrite of %s fell back to the per-file path: %s", name, str(exc).splitlines()[0])
-        for location in opened:
+        storage.register_secrets()  # a Polars error may quote its options; the log line must not
+        log.warning("polars rewrite of %s fell back to the per-file path: %s", name, redact(str(exc).splitlines()[0]))
+        for location in opened:  # only what exists: pyarrow's S3 delete leaves a folder marker behind
             with contextlib.suppress(OSError):
-                io.delete(location)
+                if io.new_input(location).exists():
+                    io.delete(location)
         return None
     return written
+
+
+def read_schema(io: FileIO, location: str) -> pa.Schema:
+    """The Arrow schema of a Parquet file: from the disk if local, else through the FileIO."""
+    local = local_path(io, location) if isinstance(io, PyArrowFileIO) else None
+    if local is not None:
+        return pq.read_schema(local)
+    with io.new_input(location).open() as stream:
+        return pq.read_schema(stream)
+
+
+def _footer(io: FileIO, storage: PolarsStorage, location: str) -> pq.FileMetaData:
+    """A written file's footer: from the disk, or through the FileIO."""
+    if storage.local:
+        return pq.read_metadata(storage.path(location))
+    with io.new_input(location).open() as stream:
+        return pq.read_metadata(stream)
 
 
 def _split(sources: list, parts: int) -> list[list]:
@@ -195,14 +222,3 @@ def _split(sources: list, parts: int) -> list[list]:
         runs[-1].append(source)
         done += source.size
     return runs
-
-
-def local_path(io: FileIO, location: str) -> str | None:
-    """The filesystem path of a local file's `location`; None if it is not local.
-
-    A plain `file:///` URI is sliced: it is what pyiceberg's parse_location returns for it, and
-    urlparse on every path of a 5,000-file group cost 0.06 s in the driver and again in the worker."""
-    if location.startswith("file:///") and "?" not in location and "#" not in location:
-        return location[len("file://") :]
-    scheme, _, path = PyArrowFileIO.parse_location(location, io.properties)
-    return path if scheme == "file" else None

@@ -8,7 +8,10 @@ Two paths, same rows:
   what makes thousands of tiny files cheap: one Python call per batch instead of per-file setup.
 - **projected**: every other file (renamed, added, dropped or promoted columns, nested types,
   missing ids without a name mapping) goes through pyiceberg's ArrowScan one file at a time, which
-  projects it onto the current schema by field id.
+  projects it onto the current schema by field id. On an object store, where a small file costs
+  a few requests' latency, the next files' bytes are fetched on a thread pool while the current
+  one is projected (at most OVERLAP_FILES in flight and READAHEAD_BYTES held; larger files are
+  read in turn), and ArrowScan reads each from memory.
 
 Both apply the group's delete files (execution/deletes.py) to each batch after conversion: a
 bulk scan's batches are tagged with their file, in each file's row order, so row positions are
@@ -21,14 +24,15 @@ pure relabel.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs  # noqa: F401 - pa.fs
 from pyiceberg.expressions import AlwaysTrue
-from pyiceberg.io import FileIO
+from pyiceberg.io import FileIO, InputFile, InputStream, OutputFile
 from pyiceberg.io.pyarrow import ArrowScan, PyArrowFileIO, _to_requested_schema, pyarrow_to_schema
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.schema import Schema
@@ -43,6 +47,7 @@ MiB = 1024 * 1024
 READAHEAD_BYTES = 64 * MiB  # source bytes one bulk scan may have in flight
 FOOTER_THREADS = 8  # footers read at once from an object store
 CHUNK_FILES = 2048  # files whose footers are held at once
+OVERLAP_FILES = 8  # remote files fetched at once for the projected path (1: one after the other)
 
 
 class SourceReader:
@@ -79,8 +84,7 @@ class SourceReader:
     def batches(self) -> Iterator[pa.RecordBatch]:
         located = [self._locate(s.path) for s in self._sources] if isinstance(self._io, PyArrowFileIO) else []
         if not located or any(fs is not located[0][1] for _, fs in located):
-            for source in self._sources:
-                yield from self._project(source)
+            yield from self._project_all(self._sources, remote=not all(_is_local(s.path) for s in self._sources))
             return
         # pre-buffering coalesces reads for object stores; on a local disk it only costs time
         remote = not isinstance(located[0][1], pa.fs.LocalFileSystem)
@@ -91,17 +95,20 @@ class SourceReader:
         pairs = list(zip(self._sources, located, strict=True))
         for start in range(0, len(pairs), CHUNK_FILES):
             chunk = pairs[start : start + CHUNK_FILES]
-            runs, projected = self._split(chunk, threads=FOOTER_THREADS if remote else 1)
+            runs, projected = self._split(chunk, remote)
             for target, run in runs.values():
                 yield from self._scan(target, run)
-            for source in projected:
-                yield from self._project(source)
+            yield from self._project_all(projected, remote)
 
-    def _split(self, chunk: list, threads: int) -> tuple[dict[str, tuple[pa.Schema, list]], list]:
-        """Bulk fragments grouped by target schema (one scanner each); the rest for ArrowScan."""
-        fragments = [self._format.make_fragment(path, fs) for _, (path, fs) in chunk]
-        if threads > 1:  # footers of remote files: latency-bound, so read several at once
-            with ThreadPoolExecutor(threads) as pool:
+    def _split(self, chunk: list, remote: bool) -> tuple[dict[str, tuple[pa.Schema, list]], list]:
+        """Bulk fragments grouped by target schema (one scanner each); the rest for ArrowScan.
+        Remote files get their size from the manifest, which spares a HEAD request per open."""
+        fragments = [
+            self._format.make_fragment(path, fs, file_size=source.size if remote else None)
+            for source, (path, fs) in chunk
+        ]
+        if remote:  # footers of remote files: latency-bound, so read several at once
+            with ThreadPoolExecutor(FOOTER_THREADS) as pool:
                 errors = list(pool.map(_load_footer, fragments))
         else:
             errors = [_load_footer(f) for f in fragments]
@@ -206,9 +213,42 @@ class SourceReader:
                 return _unreadable(source.path, own)
         return InputFileError(f"cannot read the group's data files: {type(exc).__name__}: {exc}")
 
-    def _project(self, source) -> Iterator[pa.RecordBatch]:  # noqa: ANN001 - SourceFile
+    def _project_all(self, sources: list, remote: bool) -> Iterator[pa.RecordBatch]:
+        """`sources` through ArrowScan in order; on an object store with the next files' bytes
+        fetched meanwhile."""
+        if not remote or OVERLAP_FILES <= 1:
+            for source in sources:
+                yield from self._project(source)
+            return
+        with ThreadPoolExecutor(OVERLAP_FILES) as pool:
+            queue: deque[tuple[object, Future | None]] = deque()
+            held = 0  # bytes of the queued files and of the one being projected
+            upcoming = iter(sources)
+            pending = next(upcoming, None)
+            while pending is not None or queue:
+                # fetch ahead while the window has room; a file over the budget is read in its turn
+                while pending is not None and len(queue) < OVERLAP_FILES:
+                    fits = pending.size <= READAHEAD_BYTES
+                    if fits and held + pending.size > READAHEAD_BYTES and queue:
+                        break
+                    queue.append((pending, pool.submit(_fetch, self._io, pending.path) if fits else None))
+                    held += pending.size if fits else 0
+                    pending = next(upcoming, None)
+                source, fetch = queue.popleft()
+                if fetch is None:
+                    yield from self._project(source)
+                    continue
+                try:
+                    data = fetch.result()
+                except Exception as exc:
+                    raise _unreadable(source.path, exc) from exc
+                yield from self._project(source, _FetchedIO(self._io, source.path, data))
+                held -= source.size  # counted until projected: held bytes include the current file's
+
+    def _project(self, source, io: FileIO | None = None) -> Iterator[pa.RecordBatch]:  # noqa: ANN001 - SourceFile
         read = 0
-        batches = projected_batches(self._metadata, self._io, self._schema, source, self._partition, self._spec_id)
+        io = io or self._io
+        batches = projected_batches(self._metadata, io, self._schema, source, self._partition, self._spec_id)
         for batch in batches:
             converted = self._convert(batch)
             if self._deletes is not None:
@@ -254,6 +294,48 @@ def projected_batches(
         yield batch
     if read != source.records:
         raise InputFileError(f"{what} {source.path} has {read} rows but its manifest entry says {source.records}")
+
+
+def _fetch(io: FileIO, location: str) -> pa.Buffer:
+    """A whole file's bytes (one GET on an object store)."""
+    with io.new_input(location).open(seekable=False) as stream:
+        return stream.read_buffer() if isinstance(stream, pa.NativeFile) else pa.py_buffer(stream.read())
+
+
+def _is_local(location: str) -> bool:
+    return "://" not in location or location.startswith("file:")
+
+
+class _FetchedInput(InputFile):
+    def __init__(self, location: str, data: pa.Buffer) -> None:
+        super().__init__(location)
+        self._data = data
+
+    def __len__(self) -> int:
+        return self._data.size
+
+    def exists(self) -> bool:
+        return True
+
+    def open(self, seekable: bool = True) -> InputStream:
+        return pa.BufferReader(self._data)
+
+
+class _FetchedIO(FileIO):
+    """A FileIO that serves one file from memory (its fetched bytes) and delegates the rest."""
+
+    def __init__(self, io: FileIO, location: str, data: pa.Buffer) -> None:
+        super().__init__(io.properties)
+        self._io, self._location, self._data = io, location, data
+
+    def new_input(self, location: str) -> InputFile:
+        return _FetchedInput(location, self._data) if location == self._location else self._io.new_input(location)
+
+    def new_output(self, location: str) -> OutputFile:
+        return self._io.new_output(location)
+
+    def delete(self, location: str | InputFile | OutputFile) -> None:
+        self._io.delete(location)
 
 
 def _schema_key(schema: pa.Schema) -> str:

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from pyiceberg.io import FileIO, OutputFile, OutputStream, load_file_io
 from pyiceberg.io.fileformat import FileFormatFactory, FileFormatWriter
 from pyiceberg.io.pyarrow import _to_requested_schema
@@ -220,7 +219,7 @@ def _rewrite_with_polars(
     if not spec.polars or spec.deletes or any(s.deletes for s in spec.sources):
         return None
     try:
-        physical = pq.read_schema(polars_rewrite.local_path(io, spec.sources[0].path))
+        physical = polars_rewrite.read_schema(io, spec.sources[0].path)
     except (OSError, pa.ArrowException):
         return None  # the per-file path reports it, naming the file
     target = reader.relabel_target(physical)

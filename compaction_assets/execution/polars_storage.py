@@ -1,0 +1,95 @@
+"""Where Polars reads and writes a group's files: local paths, or S3 through object_store.
+
+Polars reaches S3 itself (object_store, several GETs in flight), configured by `storage_options`
+translated from the table FileIO's pyiceberg properties. Keys it cannot honour (a role to
+assume, a remote signer, server-side encryption, a proxy, ...) make a group not qualify, so it
+takes the pyarrow path through the FileIO as before. Without keys, object_store uses its own
+chain (environment, web identity, instance metadata), as pyiceberg does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pyiceberg.io import FileIO
+from pyiceberg.io.pyarrow import PyArrowFileIO
+
+from compaction_assets import redact
+
+S3_SCHEMES = ("s3://", "s3a://", "s3n://")
+# pyiceberg property -> object_store option; the client.* names apply to every store
+_S3_OPTIONS = {
+    "s3.endpoint": "aws_endpoint_url",
+    "s3.access-key-id": "aws_access_key_id",
+    "client.access-key-id": "aws_access_key_id",
+    "s3.secret-access-key": "aws_secret_access_key",
+    "client.secret-access-key": "aws_secret_access_key",
+    "s3.session-token": "aws_session_token",
+    "client.session-token": "aws_session_token",
+    "s3.region": "aws_region",
+    "client.region": "aws_region",
+    "s3.force-virtual-addressing": "aws_virtual_hosted_style_request",
+    "s3.anonymous": "aws_skip_signature",
+}
+_FLAGS = ("aws_virtual_hosted_style_request", "aws_skip_signature")
+_CREDENTIALS = ("aws_access_key_id", "aws_secret_access_key", "aws_session_token")
+# tuning only (object_store's defaults do); a region pyiceberg would resolve, object_store takes from its chain
+_HARMLESS = ("s3.connect-timeout", "s3.request-timeout", "s3.resolve-region")
+
+
+@dataclass(frozen=True)
+class PolarsStorage:
+    """How Polars names a group's files and what it needs to reach them."""
+
+    local: bool
+    options: dict[str, str] | None = field(default=None, repr=False)  # object_store's; None for local files
+    io: FileIO | None = field(default=None, repr=False)
+
+    def path(self, location: str) -> str:
+        """`location` as Polars opens it (s3:// for s3a:// and s3n://, which it lacks; keys taken literally)."""
+        if self.local:
+            return local_path(self.io, location)
+        return "s3://" + location.split("://", 1)[1]
+
+    def register_secrets(self) -> None:
+        """Have `redact` mask the credentials Polars was given (a Spark worker loaded no config)."""
+        for key in _CREDENTIALS:
+            if self.options and self.options.get(key):
+                redact.register_value(self.options[key])
+
+
+def storage_for(io: FileIO, locations: list[str]) -> PolarsStorage | None:
+    """How Polars reaches all of `locations` (local files, or S3 objects), or None if it cannot."""
+    if not locations or any("?" in loc or "#" in loc for loc in locations):
+        return None
+    if all(loc.startswith(S3_SCHEMES) for loc in locations):
+        options = s3_storage_options(io.properties)
+        return None if options is None else PolarsStorage(local=False, options=options, io=io)
+    if isinstance(io, PyArrowFileIO) and all(local_path(io, loc) is not None for loc in locations):
+        return PolarsStorage(local=True, io=io)
+    return None
+
+
+def s3_storage_options(properties: dict[str, str]) -> dict[str, str] | None:
+    """object_store's S3 options from pyiceberg's FileIO properties; None if one cannot be honoured."""
+    options: dict[str, str] = {}
+    for key, value in properties.items():
+        if key in _S3_OPTIONS:
+            name = _S3_OPTIONS[key]
+            options[name] = str(value).lower() if name in _FLAGS else str(value)
+        elif key.startswith(("s3.", "client.")) and key not in _HARMLESS:
+            return None
+    if options.get("aws_endpoint_url", "").startswith("http://"):
+        options["aws_allow_http"] = "true"
+    return options
+
+
+def local_path(io: FileIO, location: str) -> str | None:
+    """The filesystem path of a local file's `location`; None if it is not local.
+
+    A plain `file:///` URI is sliced: it is what pyiceberg's parse_location returns for it, and
+    urlparse on every path of a 5,000-file group cost 0.06 s in the driver and again in the worker."""
+    if location.startswith("file:///") and "?" not in location and "#" not in location:
+        return location[len("file://") :]
+    scheme, _, path = PyArrowFileIO.parse_location(location, io.properties)
+    return path if scheme == "file" else None
