@@ -275,3 +275,29 @@ def _tail(log: Path, chars: int = 3000) -> str:
         return log.read_text(errors="replace")[-chars:]
     except OSError:
         return f"(no log at {log})"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m compaction_assets.local_cluster`: run a local cluster until Ctrl-C or SIGTERM."""
+    import argparse
+    import tempfile
+
+    parser = argparse.ArgumentParser(prog="python -m compaction_assets.local_cluster", description=main.__doc__)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--cores", type=int, default=1, help="cores per worker")
+    parser.add_argument("--memory", default="1g", help="memory per worker (what its executors may use)")
+    parser.add_argument("--root", type=Path, default=None, help="logs and work dirs (default: a temporary folder)")
+    args = parser.parse_args(argv)
+    root = args.root or Path(tempfile.mkdtemp(prefix="spark-cluster-"))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop the cluster on the way out
+    with local_cluster(root, workers=args.workers, worker_cores=args.cores, worker_memory=args.memory) as cluster:
+        print(f"spark.master: {cluster.master_url}  (master UI {cluster.webui_url}, logs in {root})", flush=True)
+        try:
+            while cluster.master.alive():
+                time.sleep(1)
+        except KeyboardInterrupt:
+            pass
+
+
+if __name__ == "__main__":
+    main()

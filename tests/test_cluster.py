@@ -18,11 +18,13 @@ import sys
 import time
 from pathlib import Path
 
+import pyarrow
 import pytest
 import yaml
 from dagster import AssetKey, DagsterInstance, DagsterRunStatus
 from dagster._core.instance.ref import InstanceRef
 
+import compaction_assets
 from compaction_assets.config import load_config
 from compaction_assets.demo import append_fragments
 from compaction_assets.engine import Engine
@@ -62,6 +64,7 @@ def cluster_spark(cluster: LocalCluster, **conf: str) -> dict:
 def cluster_lake(root: Path, cluster: LocalCluster, **conf: str) -> Lake:
     """A lake whose compaction.yaml points at the cluster; it is compacted by the CLI or Dagster
     in processes of their own (this process never starts a Spark session)."""
+    root.mkdir(parents=True, exist_ok=True)
     config_path = write_config(root, spark=cluster_spark(cluster, **conf))
 
     def no_session():  # noqa: ANN202
@@ -183,6 +186,44 @@ def test_spark_connect_server_in_front_of_the_cluster(cluster, tmp_path):
     assert all(a["id"] != server["id"] for a in cluster.state()["activeapps"])
 
 
+def bare_python(folder: Path) -> Path:
+    """An interpreter with every dependency but without this package: this venv's Python without
+    its site hook (no .pth files, so no editable install), site-packages on PYTHONPATH."""
+    site = Path(pyarrow.__file__).parent.parent
+    script = folder / "bare-python"
+    script.write_text(f'#!/bin/sh\nPYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}{site}" exec {sys.executable} -S "$@"\n')
+    script.chmod(0o755)
+    return script
+
+
+def test_executors_without_the_package_get_it_from_spark_submit_pyfiles(cluster, tmp_path):
+    """The other way to ship the code: the driver ships the package as a zip (spark.submit.pyFiles)
+    to executors whose Python has the dependencies but not compaction-assets."""
+    python = bare_python(tmp_path)
+    lacks = subprocess.run([python, "-c", "import compaction_assets"], capture_output=True, text=True, cwd=tmp_path)
+    assert lacks.returncode != 0 and "No module named 'compaction_assets'" in lacks.stderr
+    deps = subprocess.run([python, "-c", "import pyarrow, pyiceberg, polars, pyspark"], cwd=tmp_path)
+    assert deps.returncode == 0
+    package = Path(compaction_assets.__file__).parent
+    bundle = tmp_path / "compaction_assets.zip"
+    subprocess.run([sys.executable, "-m", "zipfile", "-c", str(bundle), str(package)], check=True)
+    lake = cluster_lake(tmp_path / "lake", cluster, **{"spark.submit.pyFiles": str(bundle)})
+    table = create_fragmented(lake, "ns.t", {"eu": 12, "us": 12})
+    before = rows_digest(table)
+    env = {**os.environ, "COMPACTION_CONFIG": str(lake.config_path), "PYSPARK_PYTHON": str(python)}
+    apps = app_ids(cluster)
+
+    run = subprocess.run([*CLI, "compact", "ns.t"], env=env, capture_output=True, text=True, timeout=300)
+
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.count("committed minor: 12 -> 1 files") == 2, run.stdout
+    assert rows_digest(lake.table("ns.t")) == before
+    app = new_app(cluster, apps)["id"]
+    assert ran_tasks_on_executors(cluster, app) >= 1
+    shipped = [p for w in cluster.workers for p in cluster.work_dir(w).glob(f"{app}/*/compaction_assets.zip")]
+    assert shipped, "no executor fetched the zip"
+
+
 def python_workers(pids: list[int]) -> list[int]:
     """Those of `pids` that are pyspark Python workers (daemon or forked worker)."""
     found = []
@@ -200,9 +241,14 @@ def test_a_worker_killed_mid_rewrite(cluster, tmp_path):
     """SIGKILL a worker (its JVM, its executor, their Python workers) while its executor is inside
     a rewrite: Spark reruns the lost task on the other executor and the compaction commits with
     the same rows, or the attempt fails cleanly. Then a replacement worker restores the cluster."""
-    # Every group pauses 8 s inside the rewrite (after part of it is written), on the arrow path
-    # (a table property Polars cannot honour), so each group is a Spark task of its own.
-    lake = cluster_lake(tmp_path, cluster, **{"spark.executorEnv.COMPACTION_PAUSE_AT": "worker_mid_group:8"})
+    # Each executor's Python worker pauses 8 s inside its first group (after part of it is written),
+    # on the arrow path (a table property Polars cannot honour), where each group is a task of its
+    # own; tasks start only once both executors are registered, so both get one.
+    conf = {
+        "spark.executorEnv.COMPACTION_PAUSE_AT": "worker_mid_group:8",
+        "spark.scheduler.minRegisteredResourcesRatio": "1.0",
+    }
+    lake = cluster_lake(tmp_path, cluster, **conf)
     table = create_fragmented(lake, "ns.t", {"eu": 8, "us": 8, "apac": 8, "emea": 8})
     with table.transaction() as txn:
         txn.set_properties({"write.parquet.page-row-limit": "20000"})
@@ -210,6 +256,7 @@ def test_a_worker_killed_mid_rewrite(cluster, tmp_path):
     before, files_before = rows_digest(table), {f["file_path"] for f in table.inspect.files().to_pylist()}
     victim = cluster.workers[-1]
     env = {**os.environ, "COMPACTION_CONFIG": str(lake.config_path)}
+    apps = app_ids(cluster)
 
     compaction = subprocess.Popen(
         [*CLI, "compact", "ns.t"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -234,6 +281,7 @@ def test_a_worker_killed_mid_rewrite(cluster, tmp_path):
     after = lake.table("ns.t")
     assert rows_digest(after) == before
     if compaction.returncode == 0:  # Spark reran the lost task on the surviving executor
+        assert re.search(r"Running task \d+\.1 ", executor_logs(cluster, new_app(cluster, apps)["id"]))
         assert out.count("committed minor: 8 -> 1 files") == 4, out
         assert len(after.inspect.files()) == 4
         assert lake.engine.ledger.counts() == {"COMMITTED": 4}
@@ -242,6 +290,15 @@ def test_a_worker_killed_mid_rewrite(cluster, tmp_path):
         assert recover.returncode == 0, recover.stderr
         assert {f["file_path"] for f in after.inspect.files().to_pylist()} == files_before
         assert not set(lake.engine.ledger.counts()) & set(OPEN)
+
+    # nothing the lost task wrote is left behind: every data file on disk is one a snapshot names
+    referenced = {
+        f["file_path"].removeprefix("file://")
+        for snap in after.snapshots()
+        for f in after.inspect.files(snapshot_id=snap.snapshot_id).to_pylist()
+    }
+    on_disk = {str(p) for p in Path(after.location().removeprefix("file://")).rglob("*.parquet")}
+    assert on_disk - referenced == set()
 
     replacement = cluster.add_workers(1)
     assert len(cluster.alive_workers()) == 2 and replacement[0].alive()
