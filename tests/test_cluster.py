@@ -46,6 +46,38 @@ def cluster(tmp_path_factory) -> LocalCluster:
     assert running(pids) == [], "cluster processes left behind"
 
 
+LOOPBACK = {"0100007F", "0000000000000000FFFF00000100007F"}  # 127.0.0.1 in /proc/net/tcp and tcp6
+
+
+def listening_addresses(pids: list[int]) -> set[tuple[str, int]]:
+    """(hex address, port) of every TCP socket in LISTEN the processes hold, from /proc."""
+    inodes = set()
+    for pid in pids:
+        for fd in Path(f"/proc/{pid}/fd").glob("*"):
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                address, port = fields[1].split(":")
+                found.add((address, int(port, 16)))
+    return found
+
+
+def test_the_cluster_listens_on_loopback_only(cluster):
+    addresses = listening_addresses(cluster.pids())
+    ports = {port for _, port in addresses}
+    assert cluster.port in ports and cluster.master.webui_port in ports
+    assert all(w.webui_port in ports for w in cluster.workers)
+    assert {address for address, _ in addresses} <= LOOPBACK, addresses
+
+
 def cluster_spark(cluster: LocalCluster, **conf: str) -> dict:
     """compaction.yaml's `spark:` for the cluster: the driver on 127.0.0.1, executors of 512 MiB."""
     return {
