@@ -35,6 +35,8 @@ from tests.conftest import CLI, REPO, SCHEMA, Lake, batch, create_fragmented, fr
 pytestmark = pytest.mark.skipif(shutil.which("java") is None, reason="a Spark cluster needs Java 17+")
 
 OPEN = ("EXECUTING", "PREPARED")
+# Tests of glue rather than of distribution take one executor: one JVM fewer to start on a busy machine.
+ONE_EXECUTOR = {"spark.cores.max": "1"}
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +150,7 @@ def test_cli_compaction_runs_on_the_cluster_executors(cluster, tmp_path):
 
 
 def test_dagster_run_compacts_through_the_cluster(cluster, tmp_path):
-    lake = cluster_lake(tmp_path, cluster)
+    lake = cluster_lake(tmp_path, cluster, **ONE_EXECUTOR)
     flat = lake.catalog.create_table("ns.flat", schema=SCHEMA)
     append_fragments(flat, [batch(i * 40, 40, "x") for i in range(12)])
     before = rows_digest(lake.table("ns.flat"))
@@ -239,7 +241,7 @@ def test_executors_without_the_package_get_it_from_spark_submit_pyfiles(cluster,
     package = Path(compaction_assets.__file__).parent
     bundle = tmp_path / "compaction_assets.zip"
     subprocess.run([sys.executable, "-m", "zipfile", "-c", str(bundle), str(package)], check=True)
-    lake = cluster_lake(tmp_path / "lake", cluster, **{"spark.submit.pyFiles": str(bundle)})
+    lake = cluster_lake(tmp_path / "lake", cluster, **{"spark.submit.pyFiles": str(bundle)}, **ONE_EXECUTOR)
     table = create_fragmented(lake, "ns.t", {"eu": 12, "us": 12})
     before = rows_digest(table)
     env = {**os.environ, "COMPACTION_CONFIG": str(lake.config_path), "PYSPARK_PYTHON": str(python)}
