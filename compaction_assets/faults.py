@@ -2,6 +2,8 @@
 
 Setting COMPACTION_CRASH_AT=<point> makes the process die (as with kill -9: no cleanup, no
 finally blocks) the moment it reaches that point. Unset, a crash point costs one dict lookup.
+COMPACTION_PAUSE_AT=<point>:<seconds> makes it sleep there once instead (a slow rewrite, for drills
+that kill an executor mid-task; Spark's executors get it from `spark.executorEnv.*`).
 In-process tests `arm` a point instead: reaching it runs an action once (by default raises
 InjectedCrash, a BaseException no `except Exception` swallows), e.g. to simulate the process dying
 there without killing the test runner, or to land another writer's commit at that moment.
@@ -9,9 +11,11 @@ there without killing the test runner, or to land another writer's commit at tha
 
 import os
 import sys
+import time
 from collections.abc import Callable
 
 CRASH_ENV = "COMPACTION_CRASH_AT"
+PAUSE_ENV = "COMPACTION_PAUSE_AT"
 CRASH_EXIT_CODE = 137
 
 POINTS = (
@@ -25,6 +29,7 @@ POINTS = (
 
 
 _armed: dict[str, Callable[[], None]] = {}
+_paused: set[str] = set()  # COMPACTION_PAUSE_AT pauses once per process
 
 
 class InjectedCrash(BaseException):  # noqa: N818 - it stands for a death, not an error
@@ -53,6 +58,9 @@ def crash_point(name: str) -> None:
         raise ValueError(f"unknown crash point {name!r}; known: {', '.join(POINTS)}")
     if action := _armed.pop(name, None):
         action()
+    if (pause := os.environ.get(PAUSE_ENV)) and pause.partition(":")[0] == name and name not in _paused:
+        _paused.add(name)
+        time.sleep(float(pause.partition(":")[2] or 1))
     if os.environ.get(CRASH_ENV) == name:
         sys.stderr.write(f"[fault injection] crashing at {name}\n")
         sys.stderr.flush()
