@@ -102,14 +102,15 @@ def is_inside(path: str, location: str) -> bool:
 
 
 def _filesystem(location: str, io: FileIO | None) -> tuple[pafs.FileSystem, str]:
-    """The filesystem holding `location` and the raw path on it. pyarrow's FileSystem.from_uri would
-    URI-decode the path (and ignore the catalog's s3.* properties): the table's FileIO builds it."""
+    """The filesystem holding `location` and the raw path on it, built by the table's FileIO (with the
+    catalog's s3.* properties). pyarrow's FileSystem.from_uri would URI-decode the path and ignore them."""
     scheme, netloc, path = PyArrowFileIO.parse_location(location)
-    if isinstance(io, PyArrowFileIO):
-        return io.fs_by_scheme(scheme, netloc), path
     if scheme == "file":
         return pafs.LocalFileSystem(), path
-    return pafs.FileSystem.from_uri(f"{scheme}://{netloc}/")[0], path
+    if io is None:  # ambient AWS settings would reach another endpoint, or none, with other keys
+        raise CompactionError(f"{location}: object storage is reached through the table's FileIO, and none was given")
+    arrow_io = io if isinstance(io, PyArrowFileIO) else PyArrowFileIO(dict(io.properties))
+    return arrow_io.fs_by_scheme(scheme, netloc), path
 
 
 def _listing(directory: str, io: FileIO | None, recursive: bool) -> Iterator[tuple[str, pafs.FileInfo]]:
