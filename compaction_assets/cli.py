@@ -422,10 +422,22 @@ def demo(ctx: click.Context, files_per_partition: int, stream: bool, no_ui: bool
 
         if no_ui:
             with warm_spark(engine.config):
-                code = _compact_all(engine, list(written))
+                try:
+                    code = _compact_all(engine, list(written))
+                finally:
+                    _close_spark_session()
         else:
             code = run_dagster_dev(engine.config, port=port, stream=stream)
     sys.exit(code)
+
+
+def _close_spark_session() -> None:
+    """Stop this process's Spark session before the demo stops its Spark Connect server: a Spark
+    Connect client still open at exit retries its clean-up call against the stopped server for many minutes."""
+    from pyspark.sql import SparkSession
+
+    if (session := SparkSession.getActiveSession()) is not None:
+        session.stop()
 
 
 def _compact_all(engine: Engine, tables: list[str]) -> int:
