@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import sqlite3
 import subprocess
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -25,7 +27,9 @@ from compaction_assets.defs.build import build_definitions
 from compaction_assets.lake.digest import row_hashes, rows_digest
 from compaction_assets.lake.files import live_files
 from compaction_assets.reliability import check_invariants
-from tests.conftest import CLI, create_fragmented, data_files, free_port
+from tests.conftest import CLI, REPO, create_fragmented, data_files, free_port
+from tests.lakekit.duckdb_reader import duckdb_multiset
+from tests.lakekit.oracle import row_key
 
 CREDENTIALS = (local_s3.ACCESS_KEY, local_s3.SECRET_KEY)
 
@@ -62,6 +66,9 @@ def test_cli_plan_compact_status_check_and_gc_on_s3(s3_lake, s3_server):
     table = s3_lake.table("ns.t")
     assert rows_digest(table) == before
     assert len(data_files(table)) == 1 + 3
+    # an independent reader (DuckDB's Iceberg + httpfs extensions, C++) sees the same rows on S3
+    assert duckdb_multiset(table) == Counter(row_key(r) for r in table.scan().to_arrow().to_pylist())
+    assert sum(duckdb_multiset(table).values()) == before.rows
 
     status = s3_lake.cli("-v", "status")
     assert status.returncode == 0, status.stderr
@@ -204,3 +211,47 @@ def test_unreachable_endpoint_is_one_clear_line_without_the_secret(s3_lake, s3_s
         assert len(run.stderr.strip().splitlines()) == 1, run.stderr
         assert "'ns.t'" in run.stderr and endpoint.removeprefix("http://") in run.stderr, run.stderr
         assert_no_credentials(run.stdout, run.stderr)
+
+
+def demo_config(tmp_path: Path) -> Path:
+    """The repository's compaction.yaml (Spark Connect, as a user runs the demo) on a free port."""
+    path = tmp_path / "compaction.yaml"
+    text = (REPO / "compaction.yaml").read_text().replace("sc://127.0.0.1:15002", f"sc://127.0.0.1:{free_port()}")
+    path.write_text(text.replace('master: "local[*]"', 'master: "local[2]"'))
+    return path
+
+
+def test_demo_s3_no_ui_compacts_on_its_own_s3_server_and_stops_it(tmp_path):
+    config = demo_config(tmp_path)
+
+    run = cli_env(config, {}, "demo", "--s3", "--no-ui", "--files-per-partition", "6")
+
+    assert run.returncode == 0, run.stdout + run.stderr
+    endpoint = re.search(r"local S3 server \(moto\) at (http://127\.0\.0\.1:(\d+))", run.stdout)
+    assert endpoint, run.stdout
+    generated = yaml.safe_load((tmp_path / "compaction.demo-s3.yaml").read_text())
+    properties = generated["catalog"]["properties"]
+    assert properties["warehouse"] == "s3://lake/demo" and properties["s3.endpoint"] == endpoint[1]
+    assert (tmp_path / ".lake" / "catalog-s3.db.demo-lake").exists()  # its own catalog, marked as the demo's
+    assert not (tmp_path / ".lake" / "catalog.db").exists()  # the local demo's catalog is not touched
+    for name in ("demo.events", "sales.orders", "demo.metrics", "demo.users"):
+        assert re.search(rf"  {name}: \d+ rows, content identical", run.stdout), run.stdout
+    total = re.search(
+        r"total: 8 partition\(s\) compacted, (\d+) -> 8 files, (\d+) -> (\d+) bytes, .*rewrite path", run.stdout
+    )
+    assert total and int(total[1]) == 8 * 6 and int(total[3]) < int(total[2]), run.stdout
+    assert_no_credentials(run.stdout, run.stderr)
+    with socket.socket() as sock:  # the demo's S3 server stopped with it
+        assert sock.connect_ex(("127.0.0.1", int(endpoint[2]))) != 0
+
+
+def test_demo_s3_without_moto_names_the_extra_to_install(tmp_path):
+    shadow = tmp_path / "no_moto" / "moto"  # a moto that cannot be imported, first on the path
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('moto is not installed')\n")
+
+    run = cli_env(demo_config(tmp_path), {"PYTHONPATH": str(shadow.parent)}, "demo", "--s3", "--no-ui")
+
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "pip install -e '.[s3]'" in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert not (tmp_path / ".lake").exists()  # nothing was created
