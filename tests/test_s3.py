@@ -4,20 +4,25 @@ with paged listings, and credentials that never reach any output."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
 import sqlite3
 import subprocess
+import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import boto3
 import pytest
 import yaml
 from dagster import instance_for_test
 from dagster._serdes import serialize_value
+from pyiceberg.catalog.sql import SqlCatalog
 
 from compaction_assets import local_s3
 from compaction_assets.commit.consistency import check_consistency
@@ -26,8 +31,9 @@ from compaction_assets.config import load_config
 from compaction_assets.defs.build import build_definitions
 from compaction_assets.lake.digest import row_hashes, rows_digest
 from compaction_assets.lake.files import live_files
+from compaction_assets.local_s3 import LocalS3
 from compaction_assets.reliability import check_invariants
-from tests.conftest import CLI, REPO, create_fragmented, data_files, free_port
+from tests.conftest import CLI, REPO, SCHEMA, batch, create_fragmented, data_files, free_port, write_config
 from tests.lakekit.duckdb_reader import duckdb_multiset
 from tests.lakekit.oracle import row_key
 
@@ -209,7 +215,7 @@ def test_unreachable_endpoint_is_one_clear_line_without_the_secret(s3_lake, s3_s
         run = cli_env(config, {}, *args)
         assert run.returncode == 2, run.stdout + run.stderr
         assert len(run.stderr.strip().splitlines()) == 1, run.stderr
-        assert "'ns.t'" in run.stderr and endpoint.removeprefix("http://") in run.stderr, run.stderr
+        assert "'ns.t'" in run.stderr and f"s3.endpoint {endpoint}" in run.stderr, run.stderr
         assert_no_credentials(run.stdout, run.stderr)
 
 
@@ -255,3 +261,58 @@ def test_demo_s3_without_moto_names_the_extra_to_install(tmp_path):
     assert run.returncode == 2, run.stdout + run.stderr
     assert "pip install -e '.[s3]'" in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
     assert not (tmp_path / ".lake").exists()  # nothing was created
+
+
+@pytest.fixture
+def s3_with_auth(tmp_path) -> Iterator[LocalS3]:
+    """moto's server in a process of its own that checks request signatures (after its first 4
+    requests, which create an IAM user with an access key and an allow-all policy, and the bucket)."""
+    port = free_port()
+    env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "4"}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
+            assert time.monotonic() < deadline and server.poll() is None, "moto server did not start"
+            time.sleep(0.2)
+        anyone = LocalS3(endpoint=f"http://127.0.0.1:{port}", bucket="lake", access_key="setup", secret_key="setup")
+        iam = boto3.client(
+            "iam",
+            endpoint_url=anyone.endpoint,
+            region_name=anyone.region,
+            aws_access_key_id="setup",
+            aws_secret_access_key="setup",
+        )
+        iam.create_user(UserName="lake")
+        key = iam.create_access_key(UserName="lake")["AccessKey"]
+        policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
+        iam.put_user_policy(UserName="lake", PolicyName="all", PolicyDocument=json.dumps(policy))
+        s3 = LocalS3(anyone.endpoint, "lake", access_key=key["AccessKeyId"], secret_key=key["SecretAccessKey"])
+        s3.client().create_bucket(Bucket="lake")
+        yield s3
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_wrong_secret_key_is_one_clear_line_naming_table_and_endpoint_not_the_secret(tmp_path, s3_with_auth):
+    properties = s3_with_auth.catalog_properties(f"sqlite:///{tmp_path / 'catalog.db'}")
+    catalog = SqlCatalog("lake", **properties)
+    catalog.create_namespace("ns")
+    catalog.create_table("ns.t", schema=SCHEMA).append(batch(0, 10, "eu"))
+    wrong = {**properties, "s3.secret-access-key": local_s3.SECRET_KEY}  # planted: it must not show
+    config = write_config(tmp_path, catalog={"name": "lake", "properties": wrong})
+
+    for args in (["compact", "ns.t"], ["-v", "plan", "ns.t"]):
+        run = cli_env(config, {}, *args)
+        assert run.returncode == 2, run.stdout + run.stderr
+        assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+        assert "'ns.t'" in run.stderr and f"s3.endpoint {s3_with_auth.endpoint}" in run.stderr, run.stderr
+        assert "ACCESS_DENIED" in run.stderr, run.stderr  # S3 answers a HEAD with a bad signature so
+        assert s3_with_auth.secret_key not in run.stderr + run.stdout
+        assert_no_credentials(run.stdout, run.stderr)
