@@ -4,9 +4,11 @@ with paged listings, and credentials that never reach any output."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -29,6 +31,8 @@ from compaction_assets.commit.consistency import check_consistency
 from compaction_assets.commit.ledger import Status
 from compaction_assets.config import load_config
 from compaction_assets.defs.build import build_definitions
+from compaction_assets.demo_ui import session_members
+from compaction_assets.execution import connect_server
 from compaction_assets.lake.digest import row_hashes, rows_digest
 from compaction_assets.lake.files import live_files
 from compaction_assets.local_s3 import LocalS3
@@ -36,6 +40,7 @@ from compaction_assets.reliability import check_invariants
 from tests.conftest import CLI, REPO, SCHEMA, batch, create_fragmented, data_files, free_port, write_config
 from tests.lakekit.duckdb_reader import duckdb_multiset
 from tests.lakekit.oracle import row_key
+from tests.test_demo_process import FIXED_COST, _children, answers, asset_keys, closed_soon, wait_for
 
 CREDENTIALS = (local_s3.ACCESS_KEY, local_s3.SECRET_KEY)
 
@@ -316,3 +321,40 @@ def test_wrong_secret_key_is_one_clear_line_naming_table_and_endpoint_not_the_se
         assert "ACCESS_DENIED" in run.stderr, run.stderr  # S3 answers a HEAD with a bad signature so
         assert s3_with_auth.secret_key not in run.stderr + run.stdout
         assert_no_credentials(run.stdout, run.stderr)
+
+
+@pytest.mark.slow
+def test_demo_s3_with_the_ui_starts_compacts_through_dagster_and_stops(tmp_path):
+    """`demo --s3`: dagster dev's webserver, daemon and runs reach the demo process's S3 server
+    through the generated config; SIGTERM stops everything, the S3 server with it."""
+    config, ui_port = demo_config(tmp_path), free_port()
+    spark = load_config(config).spark
+    log = tmp_path / "demo.log"
+    env = {**os.environ, "COMPACTION_CONFIG": str(config)}
+    env.pop("DAGSTER_HOME", None)
+    demo = subprocess.Popen(
+        [*CLI, "demo", "--s3", "--files-per-partition", "6", "--port", str(ui_port)],
+        env=env,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        wait_for(lambda: answers(f"http://127.0.0.1:{ui_port}/server_info"), 300, "the UI did not answer", log)
+        graphql = f"http://127.0.0.1:{ui_port}/graphql"
+        wait_for(lambda: ["lake", "sales", "orders"] in asset_keys(graphql), 120, "no table assets", log)
+        wait_for(lambda: FIXED_COST.search(log.read_text()), 300, "no compaction run on S3 finished", log)
+        [s3_port] = re.findall(r"local S3 server \(moto\) at http://127\.0\.0\.1:(\d+)", log.read_text())
+        demo.send_signal(signal.SIGTERM)
+        assert demo.wait(timeout=180) == 0, log.read_text()[-3000:]
+        assert closed_soon(int(s3_port)) and closed_soon(ui_port)
+        assert_no_credentials(log.read_text())
+    finally:
+        leaders = [demo.pid, *_children(demo.pid)]
+        if demo.poll() is None:
+            demo.kill()
+        for pid in [p for leader in leaders for p in session_members(leader)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if connect_server.status(spark).pid:
+            connect_server.stop(spark)
