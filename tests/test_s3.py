@@ -35,6 +35,7 @@ from compaction_assets.demo_ui import session_members
 from compaction_assets.execution import connect_server
 from compaction_assets.lake.digest import row_hashes, rows_digest
 from compaction_assets.lake.files import live_files
+from compaction_assets.lake.storage import files_with_prefix
 from compaction_assets.local_s3 import LocalS3
 from compaction_assets.reliability import check_invariants
 from tests.conftest import CLI, REPO, SCHEMA, batch, create_fragmented, data_files, free_port, write_config
@@ -118,11 +119,27 @@ def test_recovery_after_a_kill_on_s3(s3_lake, crash_at):
 
     crashed = s3_lake.cli("compact", "ns.t", crash_at=crash_at)
     assert crashed.returncode == 137, crashed.stderr
+    [attempt] = s3_lake.engine.ledger.attempts(table_name="ns.t")
+    assert attempt_files(attempt, table), "the kill left no result file on S3"
     s3_lake.engine.recover()
 
-    report = check_invariants(s3_lake.engine, "ns.t", oracle)
+    [attempt] = s3_lake.engine.ledger.attempts(table_name="ns.t")
+    table = s3_lake.table("ns.t")
+    written = attempt_files(attempt, table)
+    live = {f.path for f in live_files(table)}
+    if attempt.status == Status.COMMITTED:  # recovery committed the result files, or undid and deleted them
+        assert written and written <= live, (attempt.status, written)
+    else:
+        assert attempt.status in (Status.ROLLED_BACK, Status.FAILED) and not written, (attempt.status, written)
+
+    report = check_invariants(s3_lake.engine, "ns.t", oracle)  # rows, ledger, then GC finds no orphan
     assert report.ok and report.rows_verified == 10 * 50, report
     assert s3_lake.engine.ledger.attempts(statuses=[Status.PREPARED, Status.EXECUTING]) == []
+
+
+def attempt_files(attempt, table) -> set[str]:  # noqa: ANN001 - a ledger Attempt, a pyiceberg Table
+    """The result files the attempt wrote, as listed on the object store."""
+    return {p for d in attempt.output_dirs for p in files_with_prefix(d, attempt.attempt_id, table.io)}
 
 
 def dump_tables(db_path) -> str:
