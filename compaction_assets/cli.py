@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
@@ -393,33 +394,63 @@ def spark_server(ctx: click.Context, action: str) -> None:
 @click.option("--stream", is_flag=True, help="keep a writer appending small files to sales.orders")
 @click.option("--no-ui", is_flag=True, help="compact every table now instead of starting Dagster")
 @click.option("--port", default=3000, show_default=True)
+@click.option(
+    "--s3",
+    is_flag=True,
+    help="warehouse on a local S3 server (moto, in this process, until the demo stops); needs pip install -e '.[s3]'",
+)
 @click.pass_context
-def demo(ctx: click.Context, files_per_partition: int, stream: bool, no_ui: bool, port: int) -> None:
+def demo(ctx: click.Context, files_per_partition: int, stream: bool, no_ui: bool, port: int, s3: bool) -> None:
     """Build a fragmented demo lake, then watch Dagster compact it (dagster dev on 127.0.0.1)."""
-    from compaction_assets.demo import claim_demo_catalog, create_demo_lake
+    from compaction_assets.demo import claim_demo_catalog, create_demo_lake, s3_demo_config
+    from compaction_assets.local_s3 import local_s3
 
-    claim_demo_catalog(load_config(ctx.obj["config"]).catalog)  # before anything opens (and creates) it
-    engine = _engine(ctx, new_catalog=True)
-    written = create_demo_lake(engine.catalog, files_per_partition)
-    listing = ", ".join(f"{t} {n} files" for t, n in written.items())
-    click.echo(f"demo lake in catalog '{engine.catalog.name}': {listing}")
-    from compaction_assets.demo_ui import run_dagster_dev, warm_spark
+    with contextlib.ExitStack() as stack:
+        if s3:
+            server = stack.enter_context(local_s3())
+            ctx.obj["config"] = str(s3_demo_config(load_config(ctx.obj["config"]), server))
+            click.echo(
+                f"local S3 server (moto) at {server.endpoint}, warehouse {server.warehouse('demo')}; "
+                f"config {ctx.obj['config']} (use it as COMPACTION_CONFIG while the demo runs)"
+            )
+        claim_demo_catalog(load_config(ctx.obj["config"]).catalog)  # before anything opens (and creates) it
+        engine = _engine(ctx, new_catalog=True)
+        written = create_demo_lake(engine.catalog, files_per_partition)
+        listing = ", ".join(f"{t} {n} files" for t, n in written.items())
+        click.echo(f"demo lake in catalog '{engine.catalog.name}': {listing}")
+        from compaction_assets.demo_ui import run_dagster_dev, warm_spark
 
-    if no_ui:
-        with warm_spark(engine.config):
-            sys.exit(_compact_all(engine, list(written)))
+        if no_ui:
+            with warm_spark(engine.config):
+                try:
+                    code = _compact_all(engine, list(written))
+                finally:
+                    _close_spark_session()
+        else:
+            code = run_dagster_dev(engine.config, port=port, stream=stream)
+    sys.exit(code)
 
-    sys.exit(run_dagster_dev(engine.config, port=port, stream=stream))
+
+def _close_spark_session() -> None:
+    """Stop this process's Spark session before the demo stops its Spark Connect server: a Spark
+    Connect client still open at exit retries its clean-up call against the stopped server for many minutes."""
+    from pyspark.sql import SparkSession
+
+    if (session := SparkSession.getActiveSession()) is not None:
+        session.stop()
 
 
 def _compact_all(engine: Engine, tables: list[str]) -> int:
     from compaction_assets.lake.catalog import load_table
 
     failed = False
+    committed: list[PartitionOutcome] = []
+    started_all = time.monotonic()
     for name in tables:
         before = _digest(load_table(engine.catalog, name))
         started = time.monotonic()
         outcomes = engine.compact(name)
+        committed += [o for o in outcomes if o.status == "committed"]
         after = _digest(load_table(engine.catalog, name))
         _print_outcomes(outcomes)
         failed |= not all(o.ok for o in outcomes)
@@ -437,6 +468,13 @@ def _compact_all(engine: Engine, tables: list[str]) -> int:
             f"  {name}: {before.rows} rows, content {'identical' if same else 'CHANGED'} "
             f"({before.sha256[:12]}), {seconds:.1f}s"
         )
+    paths = sorted({o.engine for o in committed if o.engine})
+    click.echo(
+        f"total: {len(committed)} partition(s) compacted, {sum(o.files_before for o in committed)} -> "
+        f"{sum(o.files_after for o in committed)} files, {sum(o.bytes_before for o in committed)} -> "
+        f"{sum(o.bytes_after for o in committed)} bytes, {time.monotonic() - started_all:.1f}s, "
+        f"rewrite path {', '.join(paths) or '-'}"
+    )
     return 1 if failed else 0
 
 
@@ -459,7 +497,7 @@ def _print_outcomes(outcomes: list[PartitionOutcome]) -> None:
             click.echo(
                 f"{where}: committed {o.kind}: {o.files_before} -> {o.files_after} files, "
                 f"{o.bytes_before} -> {o.bytes_after} bytes, {o.rows} rows, {o.groups} group(s), "
-                f"{o.seconds:.1f}s, snapshot {o.snapshot_id}"
+                f"{o.seconds:.1f}s, snapshot {o.snapshot_id}" + (f", rewrite path {o.engine}" if o.engine else "")
             )
         else:
             click.echo(f"{where}: {o.status}: {o.reason}", err=o.status == "failed")

@@ -7,6 +7,7 @@ import random
 from pathlib import Path
 
 import pyarrow as pa
+import yaml
 from pyiceberg.catalog import Catalog
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
@@ -14,10 +15,11 @@ from pyiceberg.table import Table
 from pyiceberg.transforms import DayTransform, IdentityTransform
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType, TimestampType
 
-from compaction_assets.config import CatalogConfig
+from compaction_assets.config import CatalogConfig, CompactionConfig
 from compaction_assets.demo_cdc import CDC_TABLE, create_cdc_table
 from compaction_assets.errors import CompactionError
 from compaction_assets.lake.appends import append_fragments
+from compaction_assets.local_s3 import LocalS3
 from compaction_assets.redact import redact
 
 DEMO_TABLES = ("demo.events", "sales.orders", "demo.metrics", "demo.users", CDC_TABLE)
@@ -47,6 +49,35 @@ def claim_demo_catalog(cfg: CatalogConfig) -> Path:
     db.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text("created by `compaction-assets demo`, which may replace its tables\n")
     return db
+
+
+def s3_demo_config(config: CompactionConfig, s3: LocalS3) -> Path:
+    """`demo --s3`'s config, written beside `config` (so relative paths and .dagster_home stay the
+    same): `config` with the warehouse in the local S3 server's bucket, reached through the catalog's
+    s3.* properties, and a SQLite catalog and ledger of its own (`<catalog>-s3.db`,
+    `compaction_state-s3.db`). The server keeps its objects in this process's memory: a catalog
+    an earlier `demo --s3` left points at objects gone with that server, so the demo starts it
+    afresh (only one it marked as its own; any other is refused by claim_demo_catalog)."""
+    db = _sqlite_file(config.catalog.properties.get("uri", ""))
+    if db is None:
+        raise NotADemoLake(
+            f"catalog '{config.catalog.name}' ({redact(config.catalog.properties.get('uri', 'no uri'))}) is not a "
+            "local SQLite catalog: the demo only runs on a catalog it creates"
+        )
+    s3_db, state_db = db.with_name(f"{db.stem}-s3{db.suffix}"), db.with_name("compaction_state-s3.db")
+    if s3_db.with_name(s3_db.name + MARKER_SUFFIX).exists():
+        s3_db.unlink(missing_ok=True)
+        state_db.unlink(missing_ok=True)
+    source = Path(config.source)
+    doc = yaml.safe_load(source.read_text())
+    doc["catalog"] = {**doc["catalog"], "properties": s3.catalog_properties(f"sqlite:///{s3_db}", prefix="demo")}
+    doc["state"] = {**(doc.get("state") or {}), "uri": f"sqlite:///{state_db}"}
+    path = source.with_name("compaction.demo-s3.yaml")
+    path.write_text(
+        "# written by `compaction-assets demo --s3` for its local S3 server (gone when the demo stops)\n"
+        + yaml.safe_dump(doc, sort_keys=False)
+    )
+    return path
 
 
 def is_demo_catalog(catalog: Catalog) -> bool:

@@ -60,4 +60,6 @@ def check_invariants(engine: Engine, table_name: str, oracle: Counter[bytes]) ->
 def unreferenced_files(table) -> list[str]:  # noqa: ANN001 - a pyiceberg Table
     """Data and manifest files under the table location that no snapshot of it references."""
     referenced = reachable(table, table.metadata.snapshots)
-    return sorted(uri for uri in table_files(table.location().rstrip("/"), ORPHAN_SUFFIXES) if uri not in referenced)
+    return sorted(
+        uri for uri in table_files(table.location().rstrip("/"), ORPHAN_SUFFIXES, table.io) if uri not in referenced
+    )

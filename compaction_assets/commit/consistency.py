@@ -61,7 +61,7 @@ def _attempt_problems(table: Table, attempt: Attempt, live: dict) -> list[str]:
     if attempt.status in (Status.PREPARED, Status.EXECUTING):
         return [f"{name} is left {attempt.status}"]
     results = {d["file_path"] for d in attempt.result_files}
-    written = {p for d in attempt.output_dirs for p in files_with_prefix(d, attempt.attempt_id)}
+    written = {p for d in attempt.output_dirs for p in files_with_prefix(d, attempt.attempt_id, table.io)}
     problems = []
     if attempt.status == Status.COMMITTED:
         if (snapshot := commit_snapshot(table, attempt)) is None:

@@ -40,7 +40,8 @@ def load_table(catalog: Catalog, name: str) -> Table:
         except CatalogError:
             location = ""
         _refuse_relative(name, location)
-        raise CatalogError(f"table '{name}': cannot load it from catalog '{catalog.name}': {exc}") from exc
+        where = f" (s3.endpoint {endpoint})" if (endpoint := catalog.properties.get("s3.endpoint")) else ""
+        raise CatalogError(f"table '{name}': cannot load it from catalog '{catalog.name}'{where}: {exc}") from exc
     _refuse_relative(name, table.location())
     return table
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import posixpath
 import re
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -31,6 +32,7 @@ from pyiceberg.table.snapshots import Snapshot
 from compaction_assets.errors import CompactionError
 from compaction_assets.lake.manifest_cache import live_entries
 
+DELETE_THREADS = 8
 EQUAL_SCHEMES = {"s3a": "s3", "s3n": "s3"}  # Java DeleteOrphanFiles' default equalSchemes
 _URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*):(?://([^/]*))?(.*)$")
 
@@ -102,14 +104,15 @@ def is_inside(path: str, location: str) -> bool:
 
 
 def _filesystem(location: str, io: FileIO | None) -> tuple[pafs.FileSystem, str]:
-    """The filesystem holding `location` and the raw path on it. pyarrow's FileSystem.from_uri would
-    URI-decode the path (and ignore the catalog's s3.* properties): the table's FileIO builds it."""
+    """The filesystem holding `location` and the raw path on it, built by the table's FileIO (with the
+    catalog's s3.* properties). pyarrow's FileSystem.from_uri would URI-decode the path and ignore them."""
     scheme, netloc, path = PyArrowFileIO.parse_location(location)
-    if isinstance(io, PyArrowFileIO):
-        return io.fs_by_scheme(scheme, netloc), path
     if scheme == "file":
         return pafs.LocalFileSystem(), path
-    return pafs.FileSystem.from_uri(f"{scheme}://{netloc}/")[0], path
+    if io is None:  # ambient AWS settings would reach another endpoint, or none, with other keys
+        raise CompactionError(f"{location}: object storage is reached through the table's FileIO, and none was given")
+    arrow_io = io if isinstance(io, PyArrowFileIO) else PyArrowFileIO(dict(io.properties))
+    return arrow_io.fs_by_scheme(scheme, netloc), path
 
 
 def _listing(directory: str, io: FileIO | None, recursive: bool) -> Iterator[tuple[str, pafs.FileInfo]]:
@@ -129,10 +132,16 @@ def files_with_prefix(directory: str, prefix: str, io: FileIO | None = None) -> 
     return sorted(p for p, info in _listing(directory, io, False) if info.base_name.startswith(prefix))
 
 
-def table_files(location: str, suffixes: tuple[str, ...], io: FileIO | None = None) -> dict[str, int | None]:
-    """Location -> modification time (ms) of every file under `location` whose name ends in `suffixes`."""
+class Listed(NamedTuple):
+    mtime_ms: int | None
+    size: int
+
+
+def table_files(location: str, suffixes: tuple[str, ...], io: FileIO | None = None) -> dict[str, Listed]:
+    """Location -> modification time (ms) and size of every file under `location` whose name ends in
+    `suffixes` (one paged listing: no request per file)."""
     return {
-        path: (info.mtime_ns // 1_000_000 if info.mtime_ns is not None else None)
+        path: Listed(info.mtime_ns // 1_000_000 if info.mtime_ns is not None else None, info.size or 0)
         for path, info in _listing(location, io, True)
         if info.base_name.endswith(suffixes)
     }
@@ -207,11 +216,14 @@ def delete_unreferenced(table: Table, paths: Iterable[str], claims: Claims) -> i
         doomed = [p for p in paths if p not in referenced and not claims.covers(p)]
     except PrefixMismatch as exc:
         raise PrefixMismatch(f"table '{name}': {exc}") from None
-    deleted = 0
-    for path in doomed:
+
+    def delete(path: str) -> int:
         try:
             table.io.delete(path)
-            deleted += 1
+            return 1
         except FileNotFoundError:
-            pass
-    return deleted
+            return 0
+
+    # one request per file: on object storage its round trip, not the work, is the cost; so several at once
+    with ThreadPoolExecutor(DELETE_THREADS) as pool:
+        return sum(pool.map(delete, doomed))

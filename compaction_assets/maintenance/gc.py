@@ -120,8 +120,11 @@ def collect_garbage(
         expired_only = sorted(p for p in expired_paths if p not in retained and not claims.covers(p))
         orphans = sorted(  # files of expired snapshots are not orphans: counted once, above
             p
-            for p, mtime_ms in listed.items()
-            if mtime_ms is not None and mtime_ms < older_than_ms and p not in referenced and not claims.covers(p)
+            for p, info in listed.items()
+            if info.mtime_ms is not None
+            and info.mtime_ms < older_than_ms
+            and p not in referenced
+            and not claims.covers(p)
         )
     except PrefixMismatch as exc:
         raise PrefixMismatch(f"table '{name}': refusing GC: {exc}") from None
@@ -133,7 +136,7 @@ def collect_garbage(
         )
     report.snapshots_expired = [s.snapshot_id for s in expired]
     report.expired_files, report.orphan_files = expired_only, orphans
-    report.bytes_reclaimed = sum(file_sizes(table.io, [*expired_only, *orphans]).values())
+    report.bytes_reclaimed = sum(file_sizes(table.io, expired_only).values()) + sum(listed[p].size for p in orphans)
     if dry_run:
         return report
     if expired:

@@ -32,14 +32,31 @@ def _extension_directory() -> str:
 
 
 @functools.cache
-def _connection() -> duckdb.DuckDBPyConnection:
+def _connection(s3: tuple[str, ...] = ()) -> duckdb.DuckDBPyConnection:
+    """A connection with the Iceberg extension; with `s3` (endpoint, key id, secret, region) also
+    httpfs (`duckdb-ext-httpfs`) and a secret for that S3-protocol endpoint (path-style URLs)."""
     con = duckdb.connect()
     con.execute(f"SET extension_directory='{_extension_directory()}'")
     con.execute("SET autoinstall_known_extensions=false")
     con.execute("SET autoload_known_extensions=false")
-    con.execute("LOAD avro")
-    con.execute("LOAD iceberg")
+    for extension in ("httpfs", "avro", "iceberg") if s3 else ("avro", "iceberg"):
+        con.execute(f"LOAD {extension}")
+    if s3:
+        endpoint, key_id, secret, region = (v.replace("'", "''") for v in s3)
+        scheme, host = endpoint.split("://", 1) if "://" in endpoint else ("https", endpoint)
+        con.execute(
+            f"CREATE SECRET (TYPE s3, KEY_ID '{key_id}', SECRET '{secret}', REGION '{region}', "
+            f"ENDPOINT '{host}', URL_STYLE 'path', USE_SSL {str(scheme == 'https').lower()})"
+        )
     return con
+
+
+def _s3_settings(table: Table) -> tuple[str, ...]:
+    """The S3 endpoint and credentials of the table's FileIO (pyiceberg's s3.* properties), or ()."""
+    if not table.metadata_location.startswith(("s3://", "s3a://")):
+        return ()
+    keys = ("s3.endpoint", "s3.access-key-id", "s3.secret-access-key", "s3.region")
+    return tuple(table.io.properties.get(k, "") for k in keys)
 
 
 def metadata_path(table: Table) -> str:
@@ -50,13 +67,14 @@ def metadata_path(table: Table) -> str:
 
 def duckdb_rows(table: Table) -> list[dict[str, Any]]:
     """Every row of the table's current snapshot as DuckDB's Iceberg scan reads it."""
-    cursor = _connection().cursor()
+    s3 = _s3_settings(table)
+    cursor = _connection(s3).cursor()
     try:
         relation = cursor.execute("SELECT * FROM iceberg_scan(?)", [metadata_path(table)])
         names = [d[0] for d in relation.description]
         return [dict(zip(names, values, strict=True)) for values in relation.fetchall()]
     except (duckdb.InternalException, duckdb.FatalException):
-        _connection().close()
+        _connection(s3).close()
         _connection.cache_clear()
         raise
     finally:
