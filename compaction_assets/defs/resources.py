@@ -5,7 +5,13 @@ from dagster_pyspark import LazyPySparkResource
 
 from compaction_assets.config import CompactionConfig, load_config
 from compaction_assets.engine import Engine
-from compaction_assets.execution.spark import ensure_worker_python, require_server, spark_conf
+from compaction_assets.execution.spark import (
+    ensure_worker_python,
+    require_server,
+    spark_conf,
+    spark_session,
+    stale_connect_session,
+)
 
 
 class CompactionResource(ConfigurableResource):
@@ -22,8 +28,14 @@ class CompactionResource(ConfigurableResource):
             return Engine(config)
 
         def session():  # noqa: ANN202 - a SparkSession, local or Connect
-            require_server(config.spark)
+            require_server(config.spark)  # connect mode: fails at once, naming `spark-server start`
             ensure_worker_python()
+            if config.spark.mode == "connect":
+                # The resource's remote names the shared session of the server that ran when the
+                # definitions were loaded; a server restarted since has a new one.
+                current = spark_conf(config.spark)["spark.remote"]
+                if spark.spark_config.get("spark.remote") != current or stale_connect_session(current):
+                    return spark_session(config.spark)
             return spark.spark_session
 
         return Engine(config, spark=session)

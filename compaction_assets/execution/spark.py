@@ -83,7 +83,23 @@ def spark_session(cfg: SparkConfig) -> SparkSession:
     """Get or create the session the config describes."""
     require_server(cfg)
     ensure_worker_python()
+    conf = spark_conf(cfg)
     builder = SparkSession.builder
-    for key, value in spark_conf(cfg).items():
+    for key, value in conf.items():
         builder = builder.config(key, value)
+    if cfg.mode == "connect" and stale_connect_session(conf["spark.remote"]):
+        return builder.create()
     return builder.getOrCreate()
+
+
+def stale_connect_session(remote: str) -> bool:
+    """A Connect session this process cached (getOrCreate would return it whatever the remote)
+    that is not the server's current shared session: the server was restarted since, with a new
+    session id, and the old client would only fail (INVALID_HANDLE.SESSION_CHANGED)."""
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    cached = ConnectSession.getActiveSession() or ConnectSession._get_default_session()  # noqa: SLF001
+    if cached is None:
+        return False
+    wanted = remote.partition("session_id=")[2].split(";")[0]
+    return cached.is_stopped or (bool(wanted) and cached.session_id != wanted)
