@@ -8,6 +8,7 @@ from compaction_assets.config import CompactionConfig, load_config
 from compaction_assets.engine import Engine
 from compaction_assets.errors import CompactionError
 from compaction_assets.execution.spark import (
+    bounded_retries,
     ensure_worker_python,
     require_server,
     spark_conf,
@@ -25,8 +26,8 @@ class CompactionResource(ConfigurableResource):
     _run: tuple[DagsterInstance, str] | None = PrivateAttr(default=None)
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
-        if context.instance is not None and context.run_id:
-            self._run = (context.instance, context.run_id)
+        if context.instance is not None and context.run is not None:
+            self._run = (context.instance, context.run.run_id)
 
     def _fail_without_retry(self) -> None:
         """The Spark Connect server is down: retrying the run before someone (or the recovery
@@ -56,6 +57,7 @@ class CompactionResource(ConfigurableResource):
                 current = spark_conf(config.spark)["spark.remote"]
                 if spark.spark_config.get("spark.remote") != current or stale_connect_session(current):
                     return spark_session(config.spark)
+                return bounded_retries(spark.spark_session)
             return spark.spark_session
 
         return Engine(config, spark=session)
