@@ -71,15 +71,38 @@ def port_closed(port: int, seconds: float = 30) -> bool:
     return False
 
 
+def server_jvms(config: CompactionConfig) -> list[int]:
+    """Pids of the JVMs started for this config's port (one, or the starts fought)."""
+    flag = f"spark.connect.grpc.binding.port={connect_server.host_port(config.spark)[1]}".encode()
+    pids = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if flag in (proc / "cmdline").read_bytes() and b"java" in (proc / "cmdline").read_bytes():
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     if not (connect_server.SBIN / "start-connect-server.sh").exists():
         pytest.skip("this pyspark wheel ships no Spark Connect server")
     lake = connect_lake(tmp_path_factory.mktemp("supervised"), free_port())
     config = lake.engine.config
-    started = connect_server.start(config.spark)
-    assert started.running and started.answering, started.describe()
+    # Two starts at once (an operator and a supervised restart): they take turns, one JVM.
+    env = {**os.environ, "COMPACTION_CONFIG": str(lake.config_path)}
+    starts = [
+        subprocess.Popen([*CLI, "spark-server", "start"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=300) for p in starts]
+    started = connect_server.health(config.spark)
     try:
+        assert [p.returncode for p in starts] == [0, 0], outs
+        assert started.running and started.answering, started.describe()
+        assert all(f"(pid {started.pid}" in out.decode() for out, _ in outs), outs
+        assert server_jvms(config) == [started.pid]
         yield Served(lake, config)
     finally:
         pid = connect_server.status(config.spark).pid

@@ -12,6 +12,7 @@ only a server that was not stopped on purpose leaves one behind.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import socket
@@ -135,7 +136,16 @@ def died(cfg: SparkConfig) -> int | None:
 
 
 def start(cfg: SparkConfig, wait_seconds: float = 180) -> ServerStatus:
-    """Start the server (no-op if it runs) and wait until it accepts connections."""
+    """Start the server (no-op if it runs) and wait until it accepts connections. Starts from
+    this machine take turns (a lock file in `spark.server_dir`): an operator's `spark-server start`
+    and a supervised restart never launch two JVMs that fight over the port and the pid file."""
+    Path(cfg.server_dir).mkdir(parents=True, exist_ok=True)
+    with open(Path(cfg.server_dir) / "start.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        return _start(cfg, wait_seconds)
+
+
+def _start(cfg: SparkConfig, wait_seconds: float) -> ServerStatus:
     current = status(cfg)
     if current.running:
         return current
@@ -153,7 +163,6 @@ def start(cfg: SparkConfig, wait_seconds: float = 180) -> ServerStatus:
     script = SBIN / "start-connect-server.sh"
     if not script.exists():
         raise CompactionError(f"this pyspark wheel ships no Spark Connect server ({script} is missing)")
-    Path(cfg.server_dir).mkdir(parents=True, exist_ok=True)
     (Path(cfg.server_dir) / SESSION_ID_FILE).write_text(f"{uuid.uuid4()}\n")  # clients join the new session
     done = subprocess.run(
         [str(script), "--master", cfg.master, *args],
