@@ -28,6 +28,7 @@ import pyspark
 from compaction_assets.config import SparkConfig
 from compaction_assets.errors import CompactionError
 from compaction_assets.execution.spark import LOCAL_DEFAULTS, SESSION_ID_FILE, ensure_worker_python
+from compaction_assets.redact import redact
 
 SBIN = Path(pyspark.__file__).parent / "sbin"
 # Runs share one session (see spark.shared_remote); Spark closes idle sessions after 60 min by
@@ -126,13 +127,6 @@ def health(cfg: SparkConfig, timeout_s: float = PROBE_TIMEOUT_S) -> ServerStatus
     host, port = host_port(cfg)
     answering, detail = _probe(host, port, _probe_session(cfg), timeout_s)
     return ServerStatus(**{**current.__dict__, "answering": answering, "detail": detail})
-
-
-def died(cfg: SparkConfig) -> int | None:
-    """The pid of a server started from `spark.server_dir` that died (was not stopped), if any,
-    when nothing listens in its place."""
-    current = status(cfg)
-    return current.dead_pid if current.state == "died" else None
 
 
 def start(cfg: SparkConfig, wait_seconds: float = 180) -> ServerStatus:
@@ -271,7 +265,7 @@ def _probe(host: str, port: int, session_id: str, timeout_s: float) -> tuple[boo
         except grpc.RpcError as exc:
             code = exc.code()
             why = f"no answer within {timeout_s:g} s" if code == grpc.StatusCode.DEADLINE_EXCEEDED else None
-            return False, why or f"{code.name if code else 'error'}: {(exc.details() or '')[:300]}"
+            return False, why or redact(f"{code.name if code else 'error'}: {(exc.details() or '')[:300]}")
     return True, answer.spark_version.version
 
 
