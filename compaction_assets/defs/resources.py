@@ -57,7 +57,7 @@ class CompactionResource(ConfigurableResource):
                 current = spark_conf(config.spark)["spark.remote"]
                 if spark.spark_config.get("spark.remote") != current or stale_connect_session(current):
                     return spark_session(config.spark)
-                return bounded_retries(spark.spark_session)
+                return bounded_retries(spark.spark_session, current)
             return spark.spark_session
 
         return Engine(config, spark=session)

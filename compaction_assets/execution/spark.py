@@ -6,6 +6,7 @@ layer's LazyPySparkResource: `spark.master` for local mode, `spark.remote` for S
 
 from __future__ import annotations
 
+import atexit
 import os
 import socket
 import sys
@@ -91,20 +92,35 @@ def spark_session(cfg: SparkConfig) -> SparkSession:
     for key, value in conf.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
-    return bounded_retries(session) if cfg.mode == "connect" else session
+    return bounded_retries(session, conf["spark.remote"]) if cfg.mode == "connect" else session
 
 
 # A Connect client retries an unreachable server for ~10 min by default (15 tries, backoff to 60 s),
 # also at process exit (its atexit cleanup calls the server). A server that died is not back in
-# seconds (the recovery sensor restarts it within a tick), so a run gives up after ~20 s instead.
-CLIENT_RETRY = {"max_retries": 8, "backoff_multiplier": 2.0, "initial_backoff": 200, "max_backoff": 5000}
+# seconds (the recovery sensor restarts it within a tick), so a run gives up after ~10 s instead.
+CLIENT_RETRY = {"max_retries": 6, "backoff_multiplier": 2.0, "initial_backoff": 200, "max_backoff": 5000}
 
 
-def bounded_retries(session: SparkSession) -> SparkSession:
+def bounded_retries(session: SparkSession, remote: str) -> SparkSession:
+    """Connect: give up on a dead server after ~10 s of retries, and exit without calling it (pyspark's own
+    exit cleanup would retry it; ours, registered later, runs first and closes the client)."""
     from pyspark.sql.connect.client.retries import DefaultPolicy
 
-    session.client.set_retry_policies([DefaultPolicy(**CLIENT_RETRY)])  # type: ignore[attr-defined]
+    client = session.client  # type: ignore[attr-defined]
+    client.set_retry_policies([DefaultPolicy(**CLIENT_RETRY)])
+    if not getattr(client, "_compaction_exit_hook", False):
+        client._compaction_exit_hook = True  # noqa: SLF001
+        url = urlparse(remote)
+        atexit.register(_close_if_unreachable, client, url.hostname or "localhost", url.port or 15002)
     return session
+
+
+def _close_if_unreachable(client: object, host: str, port: int) -> None:
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return
+    except OSError:
+        client.close()  # type: ignore[attr-defined]
 
 
 def stale_connect_session(remote: str) -> bool:
