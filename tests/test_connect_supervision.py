@@ -25,7 +25,7 @@ from compaction_assets.defs.resources import CompactionResource
 from compaction_assets.defs.sensors import RESTART_JOB
 from compaction_assets.engine import Engine
 from compaction_assets.execution import connect_server
-from compaction_assets.execution.spark import SESSION_ID_FILE, spark_session
+from compaction_assets.execution.spark import SESSION_ID_FILE, forget_connect_session, spark_session
 from tests.conftest import CLI, Lake, create_fragmented, free_port, write_config
 
 START = "compaction-assets spark-server start"
@@ -111,6 +111,21 @@ def served(tmp_path_factory):
             os.kill(pid, signal.SIGKILL)  # by pid: only the JVM this module started
         lake.engine.ledger.dispose()
         assert port_closed(connect_server.host_port(config.spark)[1])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def connect_mode_left_behind():
+    """This module makes Connect sessions in the test process, and pyspark then marks the process
+    as Connect-only (environment variables): undone afterwards, so later modules' local Spark works."""
+    names = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE")
+    before = {n: os.environ.get(n) for n in names}
+    yield
+    forget_connect_session()
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture(scope="module")
