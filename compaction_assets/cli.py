@@ -254,18 +254,22 @@ def resume(ctx: click.Context, table: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @click.pass_context
 def status(ctx: click.Context, as_json: bool) -> None:
-    """Queues (running / queued / capacity / limit), tables (fragmentation, paused, tasks), open tasks."""
+    """Queues (running / queued / capacity / limit), tables (fragmentation, paused, tasks), open tasks;
+    in connect mode first the warm Spark Connect server's health."""
     from compaction_assets.commit.ledger import OPEN
-    from compaction_assets.status import as_dict, queue_statuses, table_statuses
+    from compaction_assets.status import as_dict, queue_statuses, spark_server_status, table_statuses
 
     engine = _engine(ctx, read_only=True)
     tables = table_statuses(engine)
     home = _dagster_home(engine.config.source)
     queues = queue_statuses(engine, _dagster_queue_load(home) if home else None)
     counts = engine.ledger.counts()
+    server = spark_server_status(engine.config.spark)
     if as_json:
-        click.echo(json.dumps(as_dict(tables, queues, counts), indent=2, default=str))
+        click.echo(json.dumps(as_dict(tables, queues, counts, server and server[0]), indent=2, default=str))
         return
+    if server:
+        click.echo(server[1] + "\n")
     click.echo(f"{'queue':12} {'running':>8} {'queued':>7} {'capacity':>9} {'limit':>6}")
     for q in queues:
         running, queued = ("-", "-") if q.running is None else (q.running, q.queued)
@@ -381,7 +385,7 @@ def spark_server(ctx: click.Context, action: str) -> None:
     elif action == "stop":
         state = connect_server.stop(cfg)
     else:
-        state = connect_server.status(cfg)
+        state = connect_server.health(cfg)  # running means answering a request, not only an open port
     click.echo(state.describe())
     if action == "status" and not state.running:
         sys.exit(3)

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 from compaction_assets.commit.ledger import OPEN, Status
+from compaction_assets.config import SparkConfig
 from compaction_assets.engine import Engine
 from compaction_assets.errors import CompactionError
 from compaction_assets.lake.catalog import load_table, managed_tables
@@ -88,5 +89,27 @@ def queue_statuses(engine: Engine, load: Mapping[str, tuple[int, int]] | None) -
     ]
 
 
-def as_dict(tables: list[TableStatus], queues: list[QueueStatus], tasks: Mapping[str, int]) -> dict:
-    return {"queues": [asdict(q) for q in queues], "tables": [asdict(t) for t in tables], "tasks_by_state": dict(tasks)}
+SPARK_PROBE_TIMEOUT_S = 3.0  # status stays fast: one request, answered in time or reported as not answering
+
+
+def spark_server_status(cfg: SparkConfig) -> tuple[dict, str] | None:
+    """Connect mode: the warm server's health (state, pid, whether it answers) and one line
+    saying it; None in local mode, where every run starts its own Spark."""
+    if cfg.mode != "connect":
+        return None
+    from compaction_assets.execution import connect_server
+
+    try:
+        health = connect_server.health(cfg, timeout_s=SPARK_PROBE_TIMEOUT_S)
+    except CompactionError as exc:  # e.g. a spark.remote that is not this machine
+        return {"state": "unknown", "running": False, "detail": str(exc)}, f"Spark Connect server: {exc}"
+    return health.as_dict(), health.describe()
+
+
+def as_dict(
+    tables: list[TableStatus], queues: list[QueueStatus], tasks: Mapping[str, int], spark_server: dict | None = None
+) -> dict:
+    out = {"queues": [asdict(q) for q in queues], "tables": [asdict(t) for t in tables], "tasks_by_state": dict(tasks)}
+    if spark_server is not None:
+        out["spark_server"] = spark_server
+    return out

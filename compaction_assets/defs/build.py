@@ -12,7 +12,7 @@ from compaction_assets.defs.demo_writer import DEMO_WRITER_KEY, orders_stream
 from compaction_assets.defs.gc_assets import gc_asset, gc_schedule
 from compaction_assets.defs.naming import job_name, table_key
 from compaction_assets.defs.resources import CompactionResource, pyspark_resource
-from compaction_assets.defs.sensors import fragmentation_sensor, recover_job, recovery_sensor
+from compaction_assets.defs.sensors import fragmentation_sensor, recover_job, recovery_sensor, restart_spark_server_job
 from compaction_assets.errors import CatalogError, ConfigError
 from compaction_assets.lake.catalog import load_table, managed_tables, open_catalog
 from compaction_assets.planning.policy import Policy, resolve_policy
@@ -53,7 +53,7 @@ def build_definitions(config: CompactionConfig) -> Definitions:
     return Definitions(
         assets=assets,
         asset_checks=checks,
-        jobs=[*jobs, recover_job],
+        jobs=[*jobs, recover_job, restart_spark_server_job],
         schedules=[gc_schedule(list(partitioned))] if partitioned else [],
         sensors=[
             fragmentation_sensor(partitioned, jobs, scheduling.sensor_interval_seconds, frozenset(left_out)),

@@ -1,4 +1,5 @@
-"""Sensors: the fragmentation sensor requests compaction runs; the recovery sensor heals crashes."""
+"""Sensors: the fragmentation sensor requests compaction runs; the recovery sensor heals crashes
+(of compaction attempts, and of the warm Spark Connect server in connect mode)."""
 
 import datetime as dt
 import hashlib
@@ -49,6 +50,7 @@ from compaction_assets.defs.naming import (
 from compaction_assets.defs.resources import CompactionResource
 from compaction_assets.engine import Engine
 from compaction_assets.errors import CompactionError
+from compaction_assets.execution import connect_server
 from compaction_assets.lake.catalog import load_table, managed_tables, metadata_locations
 from compaction_assets.planning.scheduling import Candidate, decide
 from compaction_assets.redact import redact
@@ -313,23 +315,90 @@ def recover_job() -> None:
     recover_orphaned_attempts()
 
 
+RESTART_JOB = "restart_spark_server"
+# Back-off for a server that keeps dying: the n-th restart within the window waits
+# RESTART_BACKOFF_S * 2**(n-1) (at most RESTART_BACKOFF_MAX_S) after the one before it.
+RESTART_WINDOW_S = 3600
+RESTART_BACKOFF_S = 60
+RESTART_BACKOFF_MAX_S = 900
+
+
+@op(description="Start the warm Spark Connect server again after it died; runs then join its new session.")
+def start_spark_server(context: OpExecutionContext, compaction: CompactionResource) -> None:
+    cfg = compaction.load().spark
+    before = connect_server.status(cfg)
+    if before.running:
+        context.log.info(f"nothing to do: {before.describe()}")
+        return
+    context.log.info(f"{before.describe()}; starting it")
+    began = time.monotonic()
+    state = connect_server.start(cfg)
+    context.log.info(f"restarted in {time.monotonic() - began:.1f} s with a new shared session: {state.describe()}")
+
+
+@job(name=RESTART_JOB, tags={"compaction/maintenance": "spark-server"})
+def restart_spark_server_job() -> None:
+    start_spark_server()
+
+
+def server_restart_request(context: SensorEvaluationContext, config: CompactionConfig) -> RunRequest | None:
+    """Connect mode: a run of `restart_spark_server` when the server started from `spark.server_dir`
+    died (its pid file is left, its process is gone, nothing listens). One restart at a time; a
+    server that keeps dying is restarted less and less often, and the tick log says so."""
+    if config.spark.mode != "connect":
+        return None
+    try:
+        current = connect_server.status(config.spark)
+    except CompactionError:  # spark.remote on another machine: not ours to supervise
+        return None
+    if current.state != "died":
+        return None
+    now = time.time()
+    records = context.instance.get_run_records(
+        RunsFilter(job_name=RESTART_JOB, created_after=dt.datetime.fromtimestamp(now - RESTART_WINDOW_S, dt.UTC))
+    )
+    if busy := [r.dagster_run.run_id for r in records if r.dagster_run.status in IN_PROGRESS]:
+        context.log.info(f"{current.describe()}; already being restarted by run {busy[0]}")
+        return None
+    if records:
+        wait = min(RESTART_BACKOFF_S * 2 ** (len(records) - 1), RESTART_BACKOFF_MAX_S)
+        last = max(r.create_timestamp.timestamp() for r in records)
+        if now - last < wait:
+            at = dt.datetime.fromtimestamp(last + wait, dt.UTC).strftime("%H:%M:%S UTC")
+            context.log.warning(
+                f"{current.describe()}. It died again after {len(records)} restart(s) in the last "
+                f"{RESTART_WINDOW_S // 60} min: backing off, next restart not before {at} "
+                f"(read its log; `compaction-assets spark-server stop` ends the supervision)"
+            )
+            return None
+    context.log.warning(f"{current.describe()}: requesting a {RESTART_JOB} run")
+    return RunRequest(run_key=f"spark-server|{current.dead_pid}|{len(records)}", job_name=RESTART_JOB)
+
+
 def recovery_sensor(interval_seconds: int) -> SensorDefinition:
     @sensor(
         name="recovery_sensor",
-        job=recover_job,
+        jobs=[recover_job, restart_spark_server_job],
         minimum_interval_seconds=interval_seconds,
         default_status=DefaultSensorStatus.RUNNING,
-        description="Requests a recovery run when a compaction attempt is left open by a dead process.",
+        description="Requests a recovery run when a compaction attempt is left open by a dead process, and "
+        "(spark.mode: connect) a restart of the warm Spark Connect server when the one we started died.",
     )
     def _sensor(context: SensorEvaluationContext, compaction: CompactionResource):  # noqa: ANN202
         engine = compaction.engine()
         config = engine.config
+        requests = []
+        if restart := server_restart_request(context, config):
+            requests.append(restart)
         cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=config.state.executing_timeout_seconds)
         orphaned = [a for a in engine.ledger.attempts(statuses=OPEN) if orphaned_because(a, cutoff)]
-        if not orphaned:
-            return SkipReason("no orphaned compaction attempts")
         for attempt in orphaned:
             context.log.info(f"orphaned {attempt.status} attempt {attempt.attempt_id} of {attempt.table_name}")
-        return RunRequest(run_key=",".join(sorted(a.attempt_id for a in orphaned)))
+        if orphaned:
+            key = ",".join(sorted(a.attempt_id for a in orphaned))
+            requests.append(RunRequest(run_key=key, job_name=recover_job.name))
+        if not requests:
+            return SkipReason("no orphaned compaction attempts")
+        return requests[0] if len(requests) == 1 else SensorResult(run_requests=requests)
 
     return _sensor

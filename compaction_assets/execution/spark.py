@@ -6,6 +6,7 @@ layer's LazyPySparkResource: `spark.master` for local mode, `spark.remote` for S
 
 from __future__ import annotations
 
+import atexit
 import os
 import socket
 import sys
@@ -64,6 +65,7 @@ def require_server(cfg: SparkConfig, timeout_s: float = 3.0) -> None:
         with socket.create_connection((url.hostname or "localhost", url.port or 15002), timeout=timeout_s):
             return
     except OSError:
+        forget_connect_session()  # a client cached from before the server went would hang at exit
         raise CompactionError(
             f"spark.mode is connect but no Spark Connect server answers at {cfg.remote}: "
             "start it with `compaction-assets spark-server start` (the demo starts its own)"
@@ -83,7 +85,66 @@ def spark_session(cfg: SparkConfig) -> SparkSession:
     """Get or create the session the config describes."""
     require_server(cfg)
     ensure_worker_python()
+    conf = spark_conf(cfg)
+    if cfg.mode == "connect" and stale_connect_session(conf["spark.remote"]):
+        forget_connect_session()
     builder = SparkSession.builder
-    for key, value in spark_conf(cfg).items():
+    for key, value in conf.items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    session = builder.getOrCreate()
+    return bounded_retries(session, conf["spark.remote"]) if cfg.mode == "connect" else session
+
+
+# A Connect client retries an unreachable server for ~10 min by default (15 tries, backoff to 60 s),
+# also at process exit (its atexit cleanup calls the server). A server that died is not back in
+# seconds (the recovery sensor restarts it within a tick), so a run gives up after ~10 s instead.
+CLIENT_RETRY = {"max_retries": 6, "backoff_multiplier": 2.0, "initial_backoff": 200, "max_backoff": 5000}
+
+
+def bounded_retries(session: SparkSession, remote: str) -> SparkSession:
+    """Connect: give up on a dead server after ~10 s of retries, and exit without calling it (pyspark's own
+    exit cleanup would retry it; ours, registered later, runs first and closes the client)."""
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+
+    client = session.client  # type: ignore[attr-defined]
+    client.set_retry_policies([DefaultPolicy(**CLIENT_RETRY)])
+    if not getattr(client, "_compaction_exit_hook", False):
+        client._compaction_exit_hook = True  # noqa: SLF001
+        url = urlparse(remote)
+        atexit.register(_close_if_unreachable, client, url.hostname or "localhost", url.port or 15002)
+    return session
+
+
+def _close_if_unreachable(client: object, host: str, port: int) -> None:
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return
+    except OSError:
+        client.close()  # type: ignore[attr-defined]
+
+
+def stale_connect_session(remote: str) -> bool:
+    """A Connect session this process cached (getOrCreate would return it whatever the remote)
+    that is not the server's current shared session: the server was restarted since, with a new
+    session id, and the old client would only fail (INVALID_HANDLE.SESSION_CHANGED)."""
+    cached = _cached_connect_session()
+    if cached is None:
+        return False
+    wanted = remote.partition("session_id=")[2].split(";")[0]
+    return bool(wanted) and cached.session_id != wanted
+
+
+def forget_connect_session() -> None:
+    """Close this process's cached Connect client without a request to the server (its session
+    on the server is left alone; the server that held it may be gone): getOrCreate then makes a
+    new one, and the old client's exit cleanup does not retry a dead server."""
+    if (cached := _cached_connect_session()) is not None:
+        cached.client.close()
+
+
+def _cached_connect_session():  # noqa: ANN202 - a pyspark.sql.connect SparkSession or None
+    if "pyspark.sql.connect.session" not in sys.modules:
+        return None  # never made one in this process
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    return ConnectSession.getActiveSession() or ConnectSession._get_default_session()  # noqa: SLF001
