@@ -208,3 +208,29 @@ def test_new_and_dropped_tables_ask_for_a_code_location_reload(queued_lake, inst
     assert "COMPACTION_DAGSTER_URL" in logs
     assert "ns.flat: cannot plan" not in logs  # a dropped table is not planned
     assert ("ns.flat", "") not in requested(result)
+
+
+def test_no_requests_while_the_connect_server_is_down_and_the_partitions_wait(queued_lake, instance):
+    """Connect mode with nothing answering at spark.remote: every run would fail at once and its run
+    key (one per snapshot) would never be requested again, so the sensor requests nothing, says why,
+    and plans the same partitions on the next tick; once a server listens, they are requested."""
+    import socket
+
+    from tests.conftest import free_port
+
+    port = free_port()
+    doc = yaml.safe_load(queued_lake.config_path.read_text())
+    doc["spark"] = {**doc["spark"], "mode": "connect", "remote": f"sc://127.0.0.1:{port}", "server_dir": "srv"}
+    queued_lake.config_path.write_text(yaml.safe_dump(doc))
+
+    down = tick(queued_lake, instance)
+    assert down.run_requests == []
+    assert "spark-server start" in down.skip_reason.skip_message
+    assert {k.split("|")[0] for k in json.loads(down.cursor)["waiting"]} == {"sales.orders", "ns.events", "ns.flat"}
+
+    again = tick(queued_lake, instance, cursor=down.cursor)  # tables unchanged, still planned
+    assert again.run_requests == [] and "worth compacting wait" in again.skip_reason.skip_message
+
+    with socket.create_server(("127.0.0.1", port)):  # something answers at spark.remote now
+        up = tick(queued_lake, instance, cursor=again.cursor)
+    assert {k for k in requested(up) if k[0] == "sales.orders"} == {("sales.orders", p) for p in ORDERS}

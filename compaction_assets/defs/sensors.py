@@ -51,6 +51,7 @@ from compaction_assets.defs.resources import CompactionResource
 from compaction_assets.engine import Engine
 from compaction_assets.errors import CompactionError
 from compaction_assets.execution import connect_server
+from compaction_assets.execution.spark import require_server
 from compaction_assets.lake.catalog import load_table, managed_tables, metadata_locations
 from compaction_assets.planning.scheduling import Candidate, decide
 from compaction_assets.redact import redact
@@ -215,6 +216,18 @@ def evaluate_fragmentation(
             candidates.append(Candidate(name, key, rule.queue, rule.priority, plan.benefit, since, snapshot_id))
         cursor.snapshots[name] = snapshot_id
         cursor.versions[name] = table.metadata_location
+    if candidates and (down := _spark_down(config)):
+        summary = (
+            f"evaluated {len(tables)} table(s): {len(candidates)} partition(s) worth compacting wait, none "
+            f"requested: {down} (the recovery sensor restarts a server it started)"
+        )
+        context.log.warning(summary)
+        return SensorResult(
+            dynamic_partitions_requests=partition_requests,
+            asset_events=observations,
+            cursor=cursor.dump(),  # they stay in `waiting`, so the next tick plans them again
+            skip_reason=SkipReason(summary),
+        )
     capacities = {q.name: q.capacity for q in config.queues}
     decisions = decide(
         candidates, queue_load, capacities, set(in_flight), now, config.scheduling.ageing_points_per_minute
@@ -251,6 +264,16 @@ def evaluate_fragmentation(
         cursor=cursor.dump(),
         skip_reason=None if run_requests else SkipReason(summary),
     )
+
+
+def _spark_down(config: CompactionConfig) -> str | None:
+    """Why runs would fail at once now (connect mode, no server answering), or None. Requests
+    made then would fail, and their run keys (one per snapshot) would not be requested again."""
+    try:
+        require_server(config.spark, timeout_s=2.0)
+    except CompactionError as exc:
+        return str(exc)
+    return None
 
 
 def reload_code_location(context: SensorEvaluationContext, added: list[str], dropped: list[str]) -> None:
