@@ -126,14 +126,20 @@ def test_demo_runs_on_warm_spark_and_a_signal_stops_everything(tmp_path, signum,
         assert "will not be used" not in output  # Dagster's warning about a dagster.yaml in the cwd
         assert "Setting default log level" not in output and " WARN " not in output
     finally:
-        leaders = [demo.pid, *_children(demo.pid)]  # dagster dev and the run host lead sessions of their own
-        if demo.poll() is None:
-            demo.kill()
-        for pid in [p for leader in leaders for p in session_members(leader)]:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        if connect_server.status(spark).pid:
-            connect_server.stop(spark)
+        kill_demo(demo, spark)
+
+
+def kill_demo(demo: subprocess.Popen, spark) -> None:  # noqa: ANN001
+    """Whatever a demo test left running: the demo, the sessions its children lead (dagster dev and
+    the run host lead their own), and the Spark server it started."""
+    leaders = [demo.pid, *_children(demo.pid)]
+    if demo.poll() is None:
+        demo.kill()
+    for pid in [p for leader in leaders for p in session_members(leader)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    if connect_server.status(spark).pid:
+        connect_server.stop(spark)
 
 
 def _children(parent: int) -> list[int]:

@@ -4,7 +4,6 @@ with paged listings, and credentials that never reach any output."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -31,8 +30,6 @@ from compaction_assets.commit.consistency import check_consistency
 from compaction_assets.commit.ledger import Status
 from compaction_assets.config import load_config
 from compaction_assets.defs.build import build_definitions
-from compaction_assets.demo_ui import session_members
-from compaction_assets.execution import connect_server
 from compaction_assets.lake.digest import row_hashes, rows_digest
 from compaction_assets.lake.files import live_files
 from compaction_assets.lake.storage import files_with_prefix
@@ -41,7 +38,7 @@ from compaction_assets.reliability import check_invariants
 from tests.conftest import CLI, REPO, SCHEMA, batch, create_fragmented, data_files, free_port, write_config
 from tests.lakekit.duckdb_reader import duckdb_multiset
 from tests.lakekit.oracle import row_key
-from tests.test_demo_process import FIXED_COST, _children, answers, asset_keys, closed_soon, wait_for
+from tests.test_demo_process import FIXED_COST, answers, asset_keys, closed_soon, kill_demo, wait_for
 
 CREDENTIALS = (local_s3.ACCESS_KEY, local_s3.SECRET_KEY)
 
@@ -367,11 +364,4 @@ def test_demo_s3_with_the_ui_starts_compacts_through_dagster_and_stops(tmp_path)
         assert closed_soon(int(s3_port)) and closed_soon(ui_port)
         assert_no_credentials(log.read_text())
     finally:
-        leaders = [demo.pid, *_children(demo.pid)]
-        if demo.poll() is None:
-            demo.kill()
-        for pid in [p for leader in leaders for p in session_members(leader)]:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        if connect_server.status(spark).pid:
-            connect_server.stop(spark)
+        kill_demo(demo, spark)
