@@ -5,7 +5,6 @@ One real server (pyspark's own JVM on 127.0.0.1, a free port) serves the module;
 file order and the last one kills it. Dagster runs go through a real (temporary) instance."""
 
 import json
-import logging
 import os
 import signal
 import socket
@@ -27,6 +26,7 @@ from compaction_assets.engine import Engine
 from compaction_assets.execution import connect_server
 from compaction_assets.execution.spark import SESSION_ID_FILE, forget_connect_session, spark_session
 from tests.conftest import CLI, Lake, create_fragmented, free_port, write_config
+from tests.test_sensor import Collect
 
 START = "compaction-assets spark-server start"
 FAST_S = 30  # "at once", on a machine shared with other test runs
@@ -232,15 +232,6 @@ def test_runs_that_find_no_server_fail_at_once_and_are_not_retried(tmp_path, ins
         print(f"fail fast: CLI {cli_seconds:.1f} s, Dagster run {dagster_seconds:.1f} s")
     finally:
         lake.engine.ledger.dispose()
-
-
-class Collect(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
 
 
 def recovery_tick(served: Served, instance):  # noqa: ANN201
