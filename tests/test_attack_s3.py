@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from urllib.parse import urlparse
 
@@ -107,3 +108,20 @@ def test_gc_of_an_orphan_whose_key_has_a_query_or_fragment_char_keeps_the_live_f
     assert set(live) <= remaining, set(live) - remaining  # no live file deleted
     assert orphan not in remaining  # the orphan itself is what GC deletes
     assert rows_digest(s3_lake.table("ns.t")) == before
+
+
+def test_gc_of_a_local_orphan_named_like_a_query_keeps_the_live_file(lake):
+    """The same on a local warehouse: `file:///.../x.parquet?copy.parquet` parsed by urlparse is x.parquet."""
+    table = lake.catalog.create_table("ns.t", schema=SCHEMA, partition_spec=BY_REGION)
+    append_fragments(table, [batch(i * 20, 20, "eu") for i in range(3)])
+    table = lake.table("ns.t")
+    before = rows_digest(table)
+    live = sorted(urlparse(f.path).path if "://" in f.path else f.path for f in live_files(table))
+    with open(live[0] + "?copy.parquet", "wb") as orphan:
+        orphan.write(b"junk")
+
+    _gc_everything(lake, "ns.t")
+
+    assert all(os.path.exists(p) for p in live)
+    assert not os.path.exists(live[0] + "?copy.parquet")
+    assert rows_digest(lake.table("ns.t")) == before
