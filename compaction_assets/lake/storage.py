@@ -105,14 +105,38 @@ def is_inside(path: str, location: str) -> bool:
 
 def _filesystem(location: str, io: FileIO | None) -> tuple[pafs.FileSystem, str]:
     """The filesystem holding `location` and the raw path on it, built by the table's FileIO (with the
-    catalog's s3.* properties). pyarrow's FileSystem.from_uri would URI-decode the path and ignore them."""
-    scheme, netloc, path = PyArrowFileIO.parse_location(location)
+    catalog's s3.* properties). pyarrow's FileSystem.from_uri would URI-decode the path and ignore them,
+    and pyiceberg's parse_location (urlparse) would drop a `?...` or `#...` that is part of an object's key."""
+    scheme, netloc, path = _raw_location(location)
     if scheme == "file":
         return pafs.LocalFileSystem(), path
     if io is None:  # ambient AWS settings would reach another endpoint, or none, with other keys
         raise CompactionError(f"{location}: object storage is reached through the table's FileIO, and none was given")
     arrow_io = io if isinstance(io, PyArrowFileIO) else PyArrowFileIO(dict(io.properties))
     return arrow_io.fs_by_scheme(scheme, netloc), path
+
+
+def _raw_location(location: str) -> tuple[str, str, str]:
+    """(scheme, netloc, path on its filesystem) of `location`, taken literally: a listed key may hold
+    `?` or `#`, which urlparse would take for a query or a fragment and cut off (another object)."""
+    match = _URI.match(location)
+    if match is None or len(match.group(1)) == 1:  # a bare path, or a Windows drive letter
+        return PyArrowFileIO.parse_location(location)
+    scheme, netloc, path = match.group(1).lower(), match.group(2) or "", match.group(3)
+    return (scheme, netloc, path) if scheme == "file" else (scheme, netloc, f"{netloc}{path}")
+
+
+def _literal_delete(location: str, io: FileIO) -> None:
+    """Delete exactly the object `location` names (see _raw_location); FileNotFoundError if it is gone."""
+    filesystem, raw = _filesystem(location, io)
+    try:
+        filesystem.delete_file(raw)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if exc.errno == 2 or "Path does not exist" in str(exc):
+            raise FileNotFoundError(location) from exc
+        raise
 
 
 def _listing(directory: str, io: FileIO | None, recursive: bool) -> Iterator[tuple[str, pafs.FileInfo]]:
@@ -219,7 +243,10 @@ def delete_unreferenced(table: Table, paths: Iterable[str], claims: Claims) -> i
 
     def delete(path: str) -> int:
         try:
-            table.io.delete(path)
+            if "?" in path or "#" in path:  # the FileIO would parse them away and delete another object
+                _literal_delete(path, table.io)
+            else:
+                table.io.delete(path)
             return 1
         except FileNotFoundError:
             return 0
