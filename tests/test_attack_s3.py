@@ -7,12 +7,16 @@ import time
 from urllib.parse import urlparse
 
 import pytest
+import yaml
 
+from compaction_assets.config import load_config
+from compaction_assets.engine import Engine
 from compaction_assets.lake.appends import append_fragments
 from compaction_assets.lake.digest import row_hashes, rows_digest
 from compaction_assets.lake.files import live_files
 from compaction_assets.reliability import check_invariants
-from tests.conftest import BY_REGION, SCHEMA, batch
+from tests.conftest import BY_REGION, SCHEMA, batch, write_config
+from tests.test_s3 import s3_with_auth  # noqa: F401 - a fixture: moto checking request signatures
 
 
 def _keys(s3, prefix: str = "") -> set[str]:
@@ -142,3 +146,31 @@ def test_a_data_path_property_with_a_trailing_slash_compacts_on_s3(s3_lake):
     table = s3_lake.table("ns.t")
     assert rows_digest(table) == before
     assert all("//" not in f.path.split("://", 1)[1] for f in live_files(table))
+
+
+def test_polars_signs_with_the_s3_keys_pyiceberg_uses_when_client_keys_differ(tmp_path, spark, s3_with_auth):  # noqa: F811
+    """pyiceberg takes s3.access-key-id before client.access-key-id (get_first_property_value); the
+    Polars options took whichever came last in the properties, so Polars signed with other keys
+    than the FileIO: on a store that checks them it failed and every group fell back."""
+    properties = {
+        **s3_with_auth.catalog_properties(f"sqlite:///{tmp_path / 'catalog.db'}"),
+        "client.access-key-id": "AKIDCLIENTONLY0000",  # the catalog client's, not valid for this store
+        "client.secret-access-key": "client-only-secret-0000",
+    }
+    config = write_config(tmp_path, catalog={"name": "lake", "properties": properties})
+    doc = yaml.safe_load(config.read_text())
+    doc["catalog"]["properties"] = properties  # in the user's order: s3.* first, as written above
+    config.write_text(yaml.safe_dump(doc, sort_keys=False))
+    engine = Engine(load_config(config), spark=lambda: spark)
+    try:
+        engine.catalog.create_namespace("ns")
+        table = engine.catalog.create_table("ns.t", schema=SCHEMA, partition_spec=BY_REGION)
+        append_fragments(table, [batch(i * 20, 20, "eu") for i in range(6)])
+        before = rows_digest(engine.catalog.load_table("ns.t"))
+
+        [outcome] = engine.compact("ns.t")
+
+        assert outcome.status == "committed" and outcome.engine == "polars", (outcome.engine, outcome.reason)
+        assert rows_digest(engine.catalog.load_table("ns.t")) == before
+    finally:
+        engine.ledger.dispose()
