@@ -15,6 +15,7 @@ from compaction_assets.engine import Engine
 from compaction_assets.lake.appends import append_fragments
 from compaction_assets.lake.digest import row_hashes, rows_digest
 from compaction_assets.lake.files import live_files
+from compaction_assets.local_s3 import ACCESS_KEY, SECRET_KEY
 from compaction_assets.reliability import check_invariants
 from tests.conftest import BY_REGION, SCHEMA, batch, write_config
 from tests.test_s3 import s3_with_auth  # noqa: F401 - a fixture: moto checking request signatures
@@ -82,9 +83,11 @@ def test_crash_on_s3_then_recover_and_gc_keeps_every_row(s3_lake, s3_server, cra
     table = _fragmented_at(s3_lake, "ns.t", f"{warehouse}/crash", {"eu": 8, "a%b c+d": 8})
     oracle = row_hashes(table.scan().to_arrow().to_pylist())
 
-    s3_lake.cli("-v", "compact", "ns.t", crash_at=crash_at)  # dies, or its rewrite job fails
+    crashed = s3_lake.cli("-v", "compact", "ns.t", crash_at=crash_at)  # dies, or its rewrite job fails
     recovered = s3_lake.cli("-v", "recover")
     assert recovered.returncode == 0, recovered.stderr
+    for text in (crashed.stdout, crashed.stderr, recovered.stdout, recovered.stderr):  # Spark's error texts too
+        assert ACCESS_KEY not in text and SECRET_KEY not in text
     _gc_everything(s3_lake, "ns.t")
     again = s3_lake.cli("-v", "compact", "ns.t")
     assert again.returncode == 0, again.stderr
