@@ -205,3 +205,33 @@ def test_files_added_under_an_s3a_spelling_compact_and_gc_keeps_live_ones(s3_lak
     assert not {_key(p) for p in extra} & _keys(s3_server, _key(warehouse))  # replaced, expired, deleted
     report = check_invariants(s3_lake.engine, "ns.t", oracle)
     assert report.ok, report
+
+
+def test_gc_killed_after_expiry_on_s3_then_gc_again_deletes_the_rest_and_keeps_live_files(s3_lake, s3_server):
+    warehouse = s3_lake.catalog.properties["warehouse"]
+    table = _fragmented_at(s3_lake, "ns.t", f"{warehouse}/gck", {"eu": 6, "us": 6})
+    oracle = row_hashes(table.scan().to_arrow().to_pylist())
+    replaced = {_key(f.path) for f in live_files(table)}
+    assert all(o.status == "committed" for o in s3_lake.engine.compact("ns.t"))
+    table = s3_lake.table("ns.t")
+    with table.transaction() as txn:
+        txn.set_properties(
+            {
+                "history.expire.max-snapshot-age-ms": "0",
+                "history.expire.min-snapshots-to-keep": "1",
+                "compaction.gc.orphan-grace-ms": "0",
+            }
+        )
+    time.sleep(1.1)
+
+    killed = s3_lake.cli("-v", "gc", "ns.t", crash_at="gc_after_expire")
+    assert killed.returncode == 137, killed.stderr
+    assert replaced <= _keys(s3_server, _key(warehouse))  # expired, not yet deleted
+    again = s3_lake.cli("-v", "gc", "ns.t")
+    assert again.returncode == 0, again.stderr
+
+    remaining = _keys(s3_server, _key(warehouse))
+    assert not replaced & remaining  # now orphans: deleted
+    assert {_key(f.path) for f in live_files(s3_lake.table("ns.t"))} <= remaining
+    report = check_invariants(s3_lake.engine, "ns.t", oracle)
+    assert report.ok, report
