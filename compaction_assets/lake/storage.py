@@ -15,6 +15,7 @@ the catalog at that moment) and every file an open task attempt claims.
 
 from __future__ import annotations
 
+import logging
 import posixpath
 import re
 from collections.abc import Iterable, Iterator
@@ -22,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import pyarrow as pa
 from pyarrow import fs as pafs
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import PyArrowFileIO
@@ -32,6 +34,7 @@ from pyiceberg.table.snapshots import Snapshot
 from compaction_assets.errors import CompactionError
 from compaction_assets.lake.manifest_cache import live_entries
 
+log = logging.getLogger(__name__)
 DELETE_THREADS = 8
 EQUAL_SCHEMES = {"s3a": "s3", "s3n": "s3"}  # Java DeleteOrphanFiles' default equalSchemes
 _URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*):(?://([^/]*))?(.*)$")
@@ -176,7 +179,10 @@ def file_sizes(io: FileIO, paths: list[str]) -> dict[str, int]:
     sizes = {}
     for path in paths:
         filesystem, raw = _filesystem(path, io)
-        info = filesystem.get_file_info(raw)
+        try:
+            info = filesystem.get_file_info(raw)
+        except pa.ArrowInvalid:  # a key pyarrow cannot address (`a//b`): its size is unknown
+            continue
         if info.type == pafs.FileType.File:
             sizes[path] = info.size
     return sizes
@@ -249,6 +255,9 @@ def delete_unreferenced(table: Table, paths: Iterable[str], claims: Claims) -> i
                 table.io.delete(path)
             return 1
         except FileNotFoundError:
+            return 0
+        except pa.ArrowInvalid as exc:  # a key pyarrow cannot address (`a//b`): left, not a failed GC
+            log.warning("table '%s': cannot delete %s, left in place: %s", name, path, exc)
             return 0
 
     # one request per file: on object storage its round trip, not the work, is the cost; so several at once
