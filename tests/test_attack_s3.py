@@ -12,10 +12,12 @@ import yaml
 
 from compaction_assets.config import load_config
 from compaction_assets.engine import Engine
+from compaction_assets.errors import ConfigError
 from compaction_assets.lake.appends import append_fragments
 from compaction_assets.lake.digest import row_hashes, rows_digest
 from compaction_assets.lake.files import live_files
 from compaction_assets.local_s3 import ACCESS_KEY, SECRET_KEY
+from compaction_assets.redact import is_secret_key
 from compaction_assets.reliability import check_invariants
 from tests.conftest import BY_REGION, SCHEMA, batch, write_config
 from tests.test_s3 import s3_with_auth  # noqa: F401 - a fixture: moto checking request signatures
@@ -256,3 +258,15 @@ def test_gc_with_an_orphan_whose_key_has_an_empty_segment(s3_lake, s3_server):
     remaining = _keys(s3_server, _key(warehouse))
     assert live <= remaining and plain not in remaining
     assert rows_digest(s3_lake.table("ns.t")) == before
+
+
+def test_a_client_access_key_id_is_a_credential_in_config_errors(tmp_path):
+    """`client.access-key-id` (pyiceberg's store-wide name for s3.access-key-id) was not taken for a
+    credential: a config error showed its value; s3.access-key-id's is hidden."""
+    for key in ("s3.access-key-id", "client.access-key-id"):
+        properties = {"type": "sql", "uri": "sqlite:///c.db", key: 424242424242, "s3.region": ["eu"]}
+        config = write_config(tmp_path, catalog={"name": "lake", "properties": properties})
+        with pytest.raises(ConfigError) as raised:
+            load_config(config)
+        assert key in str(raised.value) and "424242424242" not in str(raised.value), str(raised.value)
+    assert is_secret_key("client.access-key-id") and is_secret_key("client.session-token")
