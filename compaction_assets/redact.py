@@ -1,8 +1,9 @@
 """Keep credentials out of every message: errors, logs, Dagster metadata, the ledger.
 
 Config loading registers each credential it sees (values of keys such as `uri`, `*password*`,
-`*secret*`, `*token*`, `s3.*key*`, the password inside a URI, and `${VAR}` values whose variable
-is named like a credential); `redact` replaces them, and any `user:password@` in a URI, with `***`.
+`*secret*`, `*token*`, `s3.*key*`, `client.*key*` (pyiceberg's store-wide s3.* names), `adls.*key*`,
+the password inside a URI, and `${VAR}` values whose variable is named like a credential); `redact`
+replaces them, and any `user:password@` in a URI, with `***`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import re
 from urllib.parse import urlsplit
 
 MASK = "***"
-_SECRET_KEY = re.compile(r"(^|[._-])(uri|url|dsn)$|password|passwd|secret|token|credential|(^s3\..*key)", re.I)
+_SECRET_KEY = re.compile(
+    r"(^|[._-])(uri|url|dsn)$|password|passwd|secret|token|credential|(^(s3|client|adls)\..*key)", re.I
+)
 _URI_KEY = re.compile(r"(^|[._-])(uri|url|dsn)$", re.I)
 _SECRET_VAR = re.compile(r"password|passwd|secret|token|key|credential", re.I)
 _URI_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/:@\s]*:)(?P<password>[^@\s/]+)@")

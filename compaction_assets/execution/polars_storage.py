@@ -73,7 +73,9 @@ def storage_for(io: FileIO, locations: list[str]) -> PolarsStorage | None:
 def s3_storage_options(properties: dict[str, str]) -> dict[str, str] | None:
     """object_store's S3 options from pyiceberg's FileIO properties; None if one cannot be honoured."""
     options: dict[str, str] = {}
-    for key, value in properties.items():
+    # s3.* before client.* whatever the order they come in, as pyiceberg's get_first_property_value
+    # takes them: the client.* keys can be another client's (the catalog's), not the store's
+    for key, value in sorted(properties.items(), key=lambda item: item[0].startswith("s3.")):
         if key in _S3_OPTIONS:
             name = _S3_OPTIONS[key]
             options[name] = str(value).lower() if name in _FLAGS else str(value)

@@ -15,6 +15,7 @@ the catalog at that moment) and every file an open task attempt claims.
 
 from __future__ import annotations
 
+import logging
 import posixpath
 import re
 from collections.abc import Iterable, Iterator
@@ -22,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import pyarrow as pa
 from pyarrow import fs as pafs
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import PyArrowFileIO
@@ -32,6 +34,7 @@ from pyiceberg.table.snapshots import Snapshot
 from compaction_assets.errors import CompactionError
 from compaction_assets.lake.manifest_cache import live_entries
 
+log = logging.getLogger(__name__)
 DELETE_THREADS = 8
 EQUAL_SCHEMES = {"s3a": "s3", "s3n": "s3"}  # Java DeleteOrphanFiles' default equalSchemes
 _URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*):(?://([^/]*))?(.*)$")
@@ -105,14 +108,38 @@ def is_inside(path: str, location: str) -> bool:
 
 def _filesystem(location: str, io: FileIO | None) -> tuple[pafs.FileSystem, str]:
     """The filesystem holding `location` and the raw path on it, built by the table's FileIO (with the
-    catalog's s3.* properties). pyarrow's FileSystem.from_uri would URI-decode the path and ignore them."""
-    scheme, netloc, path = PyArrowFileIO.parse_location(location)
+    catalog's s3.* properties). pyarrow's FileSystem.from_uri would URI-decode the path and ignore them,
+    and pyiceberg's parse_location (urlparse) would drop a `?...` or `#...` that is part of an object's key."""
+    scheme, netloc, path = _raw_location(location)
     if scheme == "file":
         return pafs.LocalFileSystem(), path
     if io is None:  # ambient AWS settings would reach another endpoint, or none, with other keys
         raise CompactionError(f"{location}: object storage is reached through the table's FileIO, and none was given")
     arrow_io = io if isinstance(io, PyArrowFileIO) else PyArrowFileIO(dict(io.properties))
     return arrow_io.fs_by_scheme(scheme, netloc), path
+
+
+def _raw_location(location: str) -> tuple[str, str, str]:
+    """(scheme, netloc, path on its filesystem) of `location`, taken literally: a listed key may hold
+    `?` or `#`, which urlparse would take for a query or a fragment and cut off (another object)."""
+    match = _URI.match(location)
+    if match is None or len(match.group(1)) == 1:  # a bare path, or a Windows drive letter
+        return PyArrowFileIO.parse_location(location)
+    scheme, netloc, path = match.group(1).lower(), match.group(2) or "", match.group(3)
+    return (scheme, netloc, path) if scheme == "file" else (scheme, netloc, f"{netloc}{path}")
+
+
+def _literal_delete(location: str, io: FileIO) -> None:
+    """Delete exactly the object `location` names (see _raw_location); FileNotFoundError if it is gone."""
+    filesystem, raw = _filesystem(location, io)
+    try:
+        filesystem.delete_file(raw)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if exc.errno == 2 or "Path does not exist" in str(exc):
+            raise FileNotFoundError(location) from exc
+        raise
 
 
 def _listing(directory: str, io: FileIO | None, recursive: bool) -> Iterator[tuple[str, pafs.FileInfo]]:
@@ -152,7 +179,10 @@ def file_sizes(io: FileIO, paths: list[str]) -> dict[str, int]:
     sizes = {}
     for path in paths:
         filesystem, raw = _filesystem(path, io)
-        info = filesystem.get_file_info(raw)
+        try:
+            info = filesystem.get_file_info(raw)
+        except pa.ArrowInvalid:  # a key pyarrow cannot address (`a//b`): its size is unknown
+            continue
         if info.type == pafs.FileType.File:
             sizes[path] = info.size
     return sizes
@@ -219,9 +249,15 @@ def delete_unreferenced(table: Table, paths: Iterable[str], claims: Claims) -> i
 
     def delete(path: str) -> int:
         try:
-            table.io.delete(path)
+            if "?" in path or "#" in path:  # the FileIO would parse them away and delete another object
+                _literal_delete(path, table.io)
+            else:
+                table.io.delete(path)
             return 1
         except FileNotFoundError:
+            return 0
+        except pa.ArrowInvalid as exc:  # a key pyarrow cannot address (`a//b`): left, not a failed GC
+            log.warning("table '%s': cannot delete %s, left in place: %s", name, path, exc)
             return 0
 
     # one request per file: on object storage its round trip, not the work, is the cost; so several at once
