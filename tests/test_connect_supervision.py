@@ -116,11 +116,20 @@ def served(tmp_path_factory):
 @pytest.fixture(scope="module", autouse=True)
 def connect_mode_left_behind():
     """This module makes Connect sessions in the test process, and pyspark then marks the process
-    as Connect-only (environment variables): undone afterwards, so later modules' local Spark works."""
+    as Connect-only (environment variables): undone afterwards, so later modules' local Spark works.
+    pyspark refuses a Connect session in a process with a classic one (the suite's `spark`
+    fixture, made by an earlier module): that one is set aside meanwhile and put back after.
+    A real process of ours only ever has one kind."""
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
     names = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE")
     before = {n: os.environ.get(n) for n in names}
+    classic = SparkContext._active_spark_context, SparkSession._instantiatedSession, SparkSession._activeSession
+    SparkContext._active_spark_context = SparkSession._instantiatedSession = SparkSession._activeSession = None
     yield
     forget_connect_session()
+    SparkContext._active_spark_context, SparkSession._instantiatedSession, SparkSession._activeSession = classic
     for name, value in before.items():
         if value is None:
             os.environ.pop(name, None)
