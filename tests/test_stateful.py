@@ -10,6 +10,11 @@ and found: histories, steps, per-rule counts, crashes and races injected, compac
 checked, and rows lost / duplicated / resurrected. To explore past a known failure, STATEFUL_SKIP
 turns steps into no-ops (see tests/stateful/machine.py); CI never sets it. A failure prints the
 minimal history: keep it in tests/test_regressions_found.py.
+
+STATEFUL_STORAGE=s3 runs the same machine with each history's warehouse on the local S3 server
+(moto, the session's `s3_server`); the default, local, keeps it in a local folder:
+
+    STATEFUL_STORAGE=s3 STATEFUL_MINUTES=8 STATEFUL_SEED=3 pytest tests/test_stateful.py -p no:cacheprovider -s
 """
 
 import os
@@ -18,7 +23,7 @@ import time
 from hypothesis import HealthCheck, seed, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from tests.stateful.machine import FIGURES, TableHistory
+from tests.stateful.machine import FIGURES, STORAGE, TableHistory
 
 CI = settings(
     max_examples=int(os.environ.get("STATEFUL_EXAMPLES", "20")),
@@ -31,8 +36,9 @@ CI = settings(
 )
 
 
-def test_random_table_histories_keep_every_row(spark, tmp_path):
+def test_random_table_histories_keep_every_row(spark, tmp_path, request):
     TableHistory.spark, TableHistory.root = spark, tmp_path
+    TableHistory.s3 = request.getfixturevalue("s3_server") if STORAGE == "s3" else None
     minutes = float(os.environ.get("STATEFUL_MINUTES", "0"))
     try:
         if not minutes:
@@ -46,4 +52,5 @@ def test_random_table_histories_keep_every_row(spark, tmp_path):
             run_state_machine_as_test(seed(first + chunk)(lambda: TableHistory()), settings=long)
             chunk += 1
     finally:
-        print(f"\nstateful figures:\n{FIGURES.summary()}")
+        TableHistory.s3 = None
+        print(f"\nstateful figures (storage={STORAGE}):\n{FIGURES.summary()}")

@@ -7,6 +7,12 @@ files, the project's Engine on a real local Spark session. Readers: a spec-liter
 DuckDB's Iceberg scan and pyiceberg (with partition and data-column filters) while the table has no
 equality deletes (pyiceberg refuses them, DuckDB 1.4.4 mis-reads some: tests/test_lakekit.py).
 Recovery runs as the recovery job does, with a 0 s timeout so this process's attempts count as dead.
+
+Storage: the warehouse is a local folder, or (STATEFUL_STORAGE=s3, with `TableHistory.s3` set by the
+test) a fresh prefix per history on the local S3 server (compaction_assets/local_s3.py), reached
+through the catalog's s3.* properties by pyiceberg, the Spark workers' FileIO and DuckDB's httpfs.
+On S3, add_files writes its file through the table's FileIO and registers it as `s3://` or `s3a://`
+(the local path spellings have no meaning there).
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from compaction_assets.demo import append_fragments
 from compaction_assets.engine import Engine
 from compaction_assets.errors import CompactionError
 from compaction_assets.lake.files import live_files
+from compaction_assets.local_s3 import LocalS3
 from tests.conftest import write_config
 from tests.lakekit.deletes import commit_delete_files, equality_delete_file, position_delete_file, read_column
 from tests.lakekit.duckdb_reader import duckdb_rows
@@ -60,6 +67,11 @@ BY_REGION = PartitionSpec(PartitionField(source_id=REGION, field_id=1000, transf
 # Exploring past a known failure: STATEFUL_SKIP=add_files_file1,race_expire,crash_after_prepare,... turns
 # those steps into no-ops; region_null_string leaves 'null' out of the partition values.
 SKIP = set(filter(None, os.environ.get("STATEFUL_SKIP", "").split(",")))
+STORAGE = os.environ.get("STATEFUL_STORAGE", "local")  # or s3: the warehouse on the local S3 server
+if STORAGE not in ("local", "s3"):
+    raise ValueError(f"STATEFUL_STORAGE={STORAGE!r}: expected local or s3")
+# How add_files spells the registered file's path: local spellings of one file, or S3's two schemes.
+ADD_FILES_SPELLINGS = ["plain", "file1", "file3"] if STORAGE == "local" else ["s3", "s3a"]
 # NULL and the string 'null' must stay apart; the rest are escaped in partition paths and URIs
 REGIONS = [
     v
@@ -133,14 +145,22 @@ FIGURES = Figures()
 
 
 class TableHistory(RuleBasedStateMachine):
-    """One table, one history. `spark` and `root` are set by the test that runs the machine."""
+    """One table, one history. `spark` and `root` are set by the test that runs the machine; `s3`
+    too for a warehouse on the local S3 server (None: a local folder)."""
 
     spark: ClassVar[Any] = None
     root: ClassVar[Path | None] = None
+    s3: ClassVar[LocalS3 | None] = None
 
     def __init__(self) -> None:
         super().__init__()
         self.dir = Path(tempfile.mkdtemp(prefix="history-", dir=self.root))
+        extra: dict[str, Any] = {}
+        self.prefix: str | None = None
+        if self.s3 is not None:
+            self.prefix = f"stateful-{uuid.uuid4().hex[:10]}"
+            properties = self.s3.catalog_properties("sqlite:///catalog.db", prefix=self.prefix)
+            extra["catalog"] = {"name": "lake", "properties": properties}
         config = write_config(
             self.dir,
             tables=[
@@ -151,6 +171,7 @@ class TableHistory(RuleBasedStateMachine):
                 }
             ],
             gc={"max_snapshot_age_hours": 0, "min_snapshots_to_keep": 1, "orphan_grace_hours": 0},
+            **extra,
         )
         self.engine = Engine(load_config(config), spark=lambda: self.spark)
         self.engine.catalog.create_namespace("ns")
@@ -272,13 +293,23 @@ class TableHistory(RuleBasedStateMachine):
         return "add"
 
     def _add_files(self, table: Table, region: str, spelling: str, rows: int) -> None:
-        """Register a Parquet file written outside Iceberg (no field ids) under a path spelling."""
+        """Register a Parquet file written outside Iceberg (no field ids) under a path spelling:
+        `/abs`, `file:/abs`, `file:///abs` on a local warehouse; `s3://` or `s3a://` on S3."""
         batch = self._rows(table, region, rows, cat=1)
-        local = Path(_local(table.location())) / "data" / "external" / f"ext-{uuid.uuid4().hex}.parquet"
-        local.parent.mkdir(parents=True, exist_ok=True)
         arrow = self._arrow(table, batch)
-        pq.write_table(arrow.cast(pa.schema([f.remove_metadata() for f in arrow.schema])), local)
-        path = {"plain": str(local), "file1": f"file:{local}", "file3": f"file://{local}"}[spelling]
+        arrow = arrow.cast(pa.schema([f.remove_metadata() for f in arrow.schema]))
+        name = f"ext-{uuid.uuid4().hex}.parquet"
+        if spelling in ("s3", "s3a"):
+            assert table.location().startswith("s3://"), f"{spelling} on a table at {table.location()}"
+            location = f"{table.location()}/data/external/{name}"
+            with table.io.new_output(location).create(overwrite=True) as stream:
+                pq.write_table(arrow, stream)
+            path = location if spelling == "s3" else "s3a://" + location.removeprefix("s3://")
+        else:
+            local = Path(_local(table.location())) / "data" / "external" / name
+            local.parent.mkdir(parents=True, exist_ok=True)
+            pq.write_table(arrow, local)
+            path = {"plain": str(local), "file1": f"file:{local}", "file3": f"file://{local}"}[spelling]
         table.add_files([path])
         self.oracle.append(batch, ID)
 
@@ -494,7 +525,7 @@ class TableHistory(RuleBasedStateMachine):
     @precondition(lambda self: _identity_only(self.table()))
     @rule(
         region=st.sampled_from([r for r in REGIONS if r is not None]),
-        spelling=st.sampled_from(["plain", "file1", "file3"]),
+        spelling=st.sampled_from(ADD_FILES_SPELLINGS),
     )
     def add_files(self, region: str, spelling: str) -> None:
         if not self._count(f"add_files_{spelling}"):
@@ -570,6 +601,8 @@ class TableHistory(RuleBasedStateMachine):
             self.engine.ledger.dispose()
             self.engine.catalog.engine.dispose()
             shutil.rmtree(self.dir, ignore_errors=True)
+            if self.s3 is not None and self.prefix:  # the server keeps objects in memory
+                _delete_prefix(self.s3, self.prefix)
 
 
 def _identity_only(table: Table) -> bool:
@@ -588,3 +621,10 @@ def _reachable(table: Table, snapshots: list) -> set[str]:
             files.add(manifest.manifest_path)
             files.update(e.data_file.file_path for e in manifest.fetch_manifest_entry(table.io, discard_deleted=True))
     return files
+
+
+def _delete_prefix(s3: LocalS3, prefix: str) -> None:
+    client = s3.client()
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=s3.bucket, Prefix=f"{prefix}/"):
+        if keys := [{"Key": o["Key"]} for o in page.get("Contents", [])]:
+            client.delete_objects(Bucket=s3.bucket, Delete={"Objects": keys})
