@@ -131,6 +131,15 @@ def new_app(cluster: LocalCluster, before: set[str]) -> dict:
     return app
 
 
+def finished_app(cluster: LocalCluster, before: set[str], seconds: float = 60) -> dict:
+    """The application a finished process ran: the master marks it FINISHED once it has processed
+    the driver's goodbye, which can come after the process exited (CI once saw it RUNNING)."""
+    deadline = time.monotonic() + seconds
+    while (app := new_app(cluster, before))["state"] != "FINISHED" and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return app
+
+
 def test_cli_compaction_runs_on_the_cluster_executors(cluster, tmp_path):
     lake = cluster_lake(tmp_path, cluster)
     table = create_fragmented(lake, "ns.t", {"eu": 20, "us": 20, "apac": 20})
@@ -143,7 +152,7 @@ def test_cli_compaction_runs_on_the_cluster_executors(cluster, tmp_path):
     assert run.stdout.count("committed minor: 20 -> 1 files") == 3, run.stdout
     assert rows_digest(lake.table("ns.t")) == before
     assert len(lake.table("ns.t").inspect.files()) == 3
-    app = new_app(cluster, apps)
+    app = finished_app(cluster, apps)
     assert app["name"] == "compaction-assets" and app["state"] == "FINISHED"
     assert ran_tasks_on_executors(cluster, app["id"]) >= 1  # the rewrite ran on the cluster
     assert lake.engine.ledger.counts() == {"COMMITTED": 3}
@@ -174,7 +183,7 @@ def test_dagster_run_compacts_through_the_cluster(cluster, tmp_path):
     assert meta["status"] == "committed"
     assert (meta["data_files_before"], meta["data_files_after"]) == (12, 1)
     assert rows_digest(lake.table("ns.flat")) == before
-    app = new_app(cluster, apps)
+    app = finished_app(cluster, apps)
     assert app["name"] == "compaction-assets" and app["state"] == "FINISHED"
     assert ran_tasks_on_executors(cluster, app["id"]) >= 1
     instance.dispose()
