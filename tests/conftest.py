@@ -194,9 +194,12 @@ def batch(start: int, rows: int, region: str) -> pa.Table:
     )
 
 
-def create_fragmented(lake: Lake, name: str, files_per_region: dict[str, int], rows: int = 50) -> Table:
-    """A table partitioned by region with the given number of small files per region."""
-    table = lake.catalog.create_table(name, schema=SCHEMA, partition_spec=BY_REGION)
+def create_fragmented(
+    lake: Lake, name: str, files_per_region: dict[str, int], rows: int = 50, location: str | None = None
+) -> Table:
+    """A table partitioned by region with the given number of small files per region (at `location`
+    if given, else where the catalog puts it)."""
+    table = lake.catalog.create_table(name, schema=SCHEMA, partition_spec=BY_REGION, location=location)
     batches, start = [], 0
     for region, count in files_per_region.items():
         for _ in range(count):

@@ -19,7 +19,7 @@ from compaction_assets.lake.files import live_files
 from compaction_assets.local_s3 import ACCESS_KEY, SECRET_KEY
 from compaction_assets.redact import is_secret_key
 from compaction_assets.reliability import check_invariants
-from tests.conftest import BY_REGION, SCHEMA, batch, write_config
+from tests.conftest import BY_REGION, SCHEMA, batch, create_fragmented, write_config
 from tests.test_s3 import s3_with_auth  # noqa: F401 - a fixture: moto checking request signatures
 
 
@@ -33,13 +33,7 @@ def _key(location: str) -> str:
 
 
 def _fragmented_at(lake, name: str, location: str, regions: dict[str, int], rows: int = 20):  # noqa: ANN001, ANN202
-    table = lake.catalog.create_table(name, schema=SCHEMA, partition_spec=BY_REGION, location=location)
-    batches, start = [], 0
-    for region, count in regions.items():
-        for _ in range(count):
-            batches.append(batch(start, rows, region))
-            start += rows
-    append_fragments(table, batches)
+    create_fragmented(lake, name, regions, rows=rows, location=location)
     return lake.table(name)
 
 
