@@ -71,6 +71,9 @@ class SchedulingConfig(_Strict):
     sensor_interval_seconds: PositiveInt = 30
     recovery_interval_seconds: PositiveInt = 60
     ageing_points_per_minute: Annotated[float, Field(ge=0)] = 1.0
+    # a run compacts a range of up to this many of a table's partitions, in one Spark job and
+    # one commit, each still its own materialisation and check result (1: a run per partition)
+    max_partitions_per_run: PositiveInt = 500
 
 
 class GcConfig(_Strict):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from pyiceberg.catalog import Catalog
@@ -135,16 +135,23 @@ class Engine:
 
     @gc_paused()
     def compact(
-        self, table_name: str, partition: str | None = None, task_id: str | None = None
+        self,
+        table_name: str,
+        partition: str | None = None,
+        task_id: str | None = None,
+        partitions: Collection[str] | None = None,
     ) -> list[PartitionOutcome]:
-        """Compact every partition worth it (or only `partition`); one task attempt per partition.
+        """Compact every partition worth it (or only `partition`, which must exist, or only those
+        of `partitions` the table has); one task attempt per partition, all in one Spark job and
+        one commit. With a `task_id`, a partition's attempts are that task's if it is the only one
+        compacted and `partitions` names at most one, else task `<task_id>:<partition key>`.
 
         The driver's work allocates an object or more per source file (entries, plans, specs,
         results): Python's cyclic collector is paused meanwhile (see gc_pause), else its sweeps of
         a long-lived process's heap cost a 5,000-file compaction 0.2-0.3 s each, at random."""
         started = time.monotonic()
         table = load_table(self.catalog, table_name)
-        tplan, files = self._plan(table, table_name, partition)
+        tplan, files = self._plan(table, table_name, partition, partitions)
         outcomes = [_skipped(table_name, p) for p in tplan.partitions if not p.worth_compacting]
         todo = tplan.to_compact
         if not todo:
@@ -157,7 +164,8 @@ class Engine:
         )
         crash_point("after_plan")
         with Heartbeat(self.ledger, self.config.state.heartbeat_seconds) as heartbeat:
-            work, job, tiers, tier_run = self._begin(table, table_name, tplan, files, todo, task_id)
+            runs = len(todo) if partitions is None else max(len(todo), len(partitions))
+            work, job, tiers, tier_run = self._begin(table, table_name, tplan, files, todo, (task_id, runs))
             for item in [*work, *tiers]:
                 heartbeat.track(item.attempt.attempt_id)
             planned = time.monotonic()
@@ -215,7 +223,9 @@ class Engine:
             txn.set_properties({ENABLED_PROPERTY: str(enabled).lower()})
 
     @gc_paused()  # a LiveFile per file and the planner's working set (the sensor plans here too)
-    def _plan(self, table: Table, table_name: str, partition: str | None) -> tuple[TablePlan, dict[str, LiveFile]]:
+    def _plan(
+        self, table: Table, table_name: str, partition: str | None, only: Collection[str] | None = None
+    ) -> tuple[TablePlan, dict[str, LiveFile]]:
         policy = self.policy(table, table_name)
         files = live_files(table)
         deletes = DeleteMap.of(files, global_spec_ids(table.metadata.specs().values()))
@@ -232,6 +242,9 @@ class Engine:
                     f"table '{table_name}' has no partition '{partition}' "
                     + (f"(known: {', '.join(known)})" if any(known) else "(it is unpartitioned)")
                 )
+        if only is not None:
+            wanted = set(only)
+            plans = [p for p in plans if p.partition_key in wanted]
         snapshot = table.current_snapshot()
         tplan = TablePlan(table_name, snapshot.snapshot_id if snapshot else None, policy, plans, refused, deletes)
         return tplan, {f.path: f for f in files}
@@ -243,7 +256,7 @@ class Engine:
         tplan: TablePlan,
         files: dict[str, LiveFile],
         todo: list[PartitionPlan],
-        task_id: str | None,
+        task: tuple[str | None, int],
     ) -> tuple[list[_Work], RewriteJob, list[_Work], TierRun]:
         """Begin one attempt per partition and build the rewrite job (data rewrites) and the tier
         run (delete-file tiers). If anything raises meanwhile, the attempts already begun are
@@ -252,9 +265,9 @@ class Engine:
         tiers: list[_Work] = []
         try:
             rewrites = [p for p in todo if not p.is_tier]
-            job = self._build_job(table, table_name, tplan, files, rewrites, (task_id, len(todo)), work)
+            job = self._build_job(table, table_name, tplan, files, rewrites, task, work)
             tier_plans = [p for p in todo if p.is_tier]
-            tier_run = self._build_tiers(table, table_name, tplan, files, tier_plans, (task_id, len(todo)), tiers)
+            tier_run = self._build_tiers(table, table_name, tplan, files, tier_plans, task, tiers)
             return work, job, tiers, tier_run
         except Exception as exc:
             for item in [*work, *tiers]:

@@ -1,15 +1,17 @@
 """Precommit/commit consistency of a compaction run, checked against the ledger and the table.
 
-For the run's attempts: each ended (no PREPARED or EXECUTING left); a COMMITTED one has its
-snapshot, its result files (data or delete files) live and its replaced files gone, no file
-written by the attempt left untracked, and, if it rewrote data files, rows in = rows out (rows out
-<= rows in when the table had delete files the rewrite may have applied). For the partition: no
-PREPARED row, and no EXECUTING row whose process is gone or which has timed out, remains from any run.
+For the run's attempts (per partition, for a run over several): each ended (no PREPARED or
+EXECUTING left); a COMMITTED one has its snapshot, its result files (data or delete files) live
+and its replaced files gone, no file written by the attempt left untracked, and, if it rewrote
+data files, rows in = rows out (rows out <= rows in when the table had delete files the rewrite
+may have applied). For the partition: no PREPARED row, and no EXECUTING row whose process is gone
+or which has timed out, remains from any run.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from pyiceberg.manifest import DataFileContent
@@ -38,22 +40,33 @@ class ConsistencyReport:
 def check_consistency(
     table: Table, ledger: Ledger, partition_key: str, task_id: str | None, executing_timeout_seconds: int
 ) -> ConsistencyReport:
+    return check_partitions(table, ledger, {partition_key: task_id}, executing_timeout_seconds)[partition_key]
+
+
+def check_partitions(
+    table: Table, ledger: Ledger, tasks: Mapping[str, str | None], executing_timeout_seconds: int
+) -> dict[str, ConsistencyReport]:
+    """A report per partition key of `tasks`, whose value is the task id its run's attempts have
+    (None: no task to check, only what other runs left in the partition). The table's files and
+    the ledger are read once for all partitions."""
     table_name = ".".join(table.name())
-    report = ConsistencyReport()
+    reports = {key: ConsistencyReport() for key in tasks}
     live = {f.path: f.data_file for f in live_files(table)}
-    if task_id is not None:
-        for attempt in ledger.attempts(table_name=table_name, task_id=task_id):
-            report.attempts_checked += 1
-            report.problems.extend(_attempt_problems(table, attempt, live))
+    owner = {task_id: key for key, task_id in tasks.items() if task_id is not None}
+    for attempt in ledger.attempts(table_name=table_name, task_ids=owner) if owner else []:
+        report = reports[owner[attempt.task_id]]
+        report.attempts_checked += 1
+        report.problems.extend(_attempt_problems(table, attempt, live))
     cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=executing_timeout_seconds)
     for attempt in ledger.attempts(table_name=table_name, statuses=[Status.PREPARED, Status.EXECUTING]):
-        if attempt.partition_key != partition_key or attempt.task_id == task_id:
+        report = reports.get(attempt.partition_key)
+        if report is None or attempt.task_id == tasks[attempt.partition_key]:
             continue
         if attempt.status == Status.PREPARED:
             report.problems.append(f"attempt {attempt.attempt_id} of task {attempt.task_id} is left PREPARED")
         elif why := orphaned_because(attempt, cutoff):
             report.problems.append(f"attempt {attempt.attempt_id} is left EXECUTING: {why}")
-    return report
+    return reports
 
 
 def _attempt_problems(table: Table, attempt: Attempt, live: dict) -> list[str]:

@@ -297,9 +297,30 @@ class Ledger:
             return Attempt._from_row(row) if row else None
 
     def attempts(
-        self, *, statuses: Iterable[Status] | None = None, table_name: str | None = None, task_id: str | None = None
+        self,
+        *,
+        statuses: Iterable[Status] | None = None,
+        table_name: str | None = None,
+        task_id: str | None = None,
+        task_ids: Iterable[str] | None = None,
+    ) -> list[Attempt]:
+        if task_ids is not None:  # in chunks: a bound parameter per id, and databases cap those
+            ids = sorted(set(task_ids))
+            chunks = [ids[i : i + 500] for i in range(0, len(ids), 500)]
+            found = [a for c in chunks for a in self._attempts(statuses, table_name, task_id, c)]
+            return sorted(found, key=lambda a: (a.created_at, a.attempt_id))
+        return self._attempts(statuses, table_name, task_id, None)
+
+    def _attempts(
+        self,
+        statuses: Iterable[Status] | None,
+        table_name: str | None,
+        task_id: str | None,
+        task_ids: list[str] | None,
     ) -> list[Attempt]:
         query = select(AttemptRow).order_by(AttemptRow.created_at, AttemptRow.attempt_id)
+        if task_ids is not None:
+            query = query.where(AttemptRow.task_id.in_(task_ids))
         if statuses is not None:
             query = query.where(AttemptRow.status.in_([str(s) for s in statuses]))
         if table_name is not None:

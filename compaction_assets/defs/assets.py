@@ -1,45 +1,64 @@
-"""One asset per managed table: materialising a partition compacts it; a blocking check follows."""
+"""One asset per managed table: materialising partitions compacts them; a blocking check of each follows."""
 
 import time
+import warnings
+from collections.abc import Iterator
 
 from dagster import (
-    AssetCheckExecutionContext,
-    AssetCheckResult,
+    AssetCheckEvaluation,
     AssetCheckSeverity,
+    AssetCheckSpec,
     AssetExecutionContext,
     AssetKey,
+    AssetMaterialization,
     AssetsDefinition,
     DagsterEventType,
     DynamicPartitionsDefinition,
     Failure,
-    MaterializeResult,
     MetadataValue,
+    PreviewWarning,
     asset,
-    asset_check,
 )
 from dagster_pyspark import LazyPySparkResource
 
-from compaction_assets.commit.consistency import RECOVER_HINT, check_consistency
+from compaction_assets.commit.consistency import RECOVER_HINT, check_partitions
 from compaction_assets.config import TableRule
-from compaction_assets.defs.naming import CHECK_NAME, PARTITION_TAG, partitions_name, pool_name, table_key
+from compaction_assets.defs.naming import CHECK_NAME, partitions_name, pool_name, table_key
 from compaction_assets.defs.resources import CompactionResource
-from compaction_assets.engine import PartitionOutcome
+from compaction_assets.engine import Engine, PartitionOutcome
 from compaction_assets.lake.catalog import load_table
 from compaction_assets.planning.policy import Policy
 from compaction_assets.redact import redact
 
 
 def table_asset(table_name: str, rule: TableRule, partitioned: bool, location: str, policy: Policy) -> AssetsDefinition:
+    """The table's asset. A run covers one partition or a range of them (the sensor's batches):
+    it compacts those worth it in one Spark job and one commit, then reports a materialisation per
+    partition compacted or left alone, the blocking consistency check per partition of the run,
+    and fails naming each partition whose compaction failed (the others stay committed)."""
     namespace = table_name.rsplit(".", 1)[0]
+    key = table_key(table_name)
     partitions = DynamicPartitionsDefinition(name=partitions_name(table_name)) if partitioned else None
+    with warnings.catch_warnings():  # a check per partition is a preview in Dagster 1.13: said once, in the README
+        warnings.simplefilter("ignore", PreviewWarning)
+        check = AssetCheckSpec(
+            CHECK_NAME,
+            asset=key,
+            blocking=True,
+            partitions_def=partitions,
+            description="The run's ledger rows are COMMITTED with their snapshot, result files live, replaced "
+            "files gone, rows in = rows out, nothing left PREPARED or untracked for the partition.",
+        )
 
     @asset(
-        key=table_key(table_name),
+        key=key,
         partitions_def=partitions,
         group_name=namespace.replace(".", "_"),
         kinds={"iceberg", "spark"},
         deps=[AssetKey.from_user_string(u) for u in rule.upstream],
         pool=pool_name(rule.queue),
+        check_specs=[check],
+        output_required=False,  # the materialisations are reported per partition, as compacted
         description=(
             f"Iceberg table `{table_name}` at `{location}`, compacted on queue `{rule.queue}` "
             f"(priority {rule.priority}). Policy: target {policy.target_file_size_bytes} B, fragment <= "
@@ -50,51 +69,65 @@ def table_asset(table_name: str, rule: TableRule, partitioned: bool, location: s
     )
     def _compact(
         context: AssetExecutionContext, compaction: CompactionResource, pyspark: LazyPySparkResource
-    ) -> MaterializeResult:
-        partition = context.partition_key if partitioned else None
+    ) -> Iterator[AssetMaterialization | AssetCheckEvaluation]:
+        keys = list(context.partition_keys) if partitioned else [""]
         engine = compaction.engine(spark=pyspark)
-        outcomes = engine.compact(table_name, partition=partition, task_id=context.run.run_id)
+        run_id = context.run.run_id
+        if len(keys) == 1:  # one partition: it must exist
+            outcomes = engine.compact(table_name, partition=keys[0] or None, task_id=run_id)
+        else:
+            outcomes = engine.compact(table_name, task_id=run_id, partitions=keys)
         for o in outcomes:
             context.log.info(redact(f"{table_name} [{o.partition_key or 'unpartitioned'}]: {o.status}: {o.reason}"))
-        failed = [o for o in outcomes if not o.ok]
-        if failed:
-            description = redact(f"{table_name}: {failed[0].reason}")
-            raise Failure(description=description, metadata=_metadata(failed[0], rule.queue))
-        outcome = _single(outcomes)
-        fixed = run_fixed_cost(context, outcome.seconds)
+        seconds = max((o.seconds for o in outcomes), default=0.0)
+        fixed = run_fixed_cost(context, seconds)
         context.log.info(
-            f"dagster_run_fixed_cost_s={fixed:.2f} (run launch to result, less {outcome.seconds:.2f}s of compaction; "
-            f"spark {'connect' if engine.config.spark.mode == 'connect' else 'local: a JVM of its own'})"
+            f"dagster_run_fixed_cost_s={fixed:.2f} (run launch to result, less {seconds:.2f}s of compaction "
+            f"of {len(keys)} partition(s); spark "
+            f"{'connect' if engine.config.spark.mode == 'connect' else 'local: a JVM of its own'})"
         )
-        return MaterializeResult(
-            metadata={**_metadata(outcome, rule.queue), "dagster_run_fixed_cost_s": round(fixed, 2)}
-        )
+        run_figures = {"dagster_run_fixed_cost_s": round(fixed, 2), "partitions_in_run": len(keys)}
+        for o in outcomes:
+            if o.ok:
+                metadata = {**_metadata(o, rule.queue), **run_figures}
+                yield AssetMaterialization(asset_key=key, partition=o.partition_key or None, metadata=metadata)
+        yield from _consistency(engine, table_name, key, keys, outcomes)
+        if failed := [o for o in outcomes if not o.ok]:
+            description = redact(f"{table_name}: {len(failed)} of {len(keys)} partition(s) failed: {failed[0].reason}")
+            listed = "\n".join(f"- `{o.partition_key or 'unpartitioned'}`: {redact(o.reason)}" for o in failed)
+            raise Failure(
+                description=description,
+                metadata={**_metadata(failed[0], rule.queue), "failed_partitions": MetadataValue.md(listed)},
+            )
 
     return _compact
 
 
-def consistency_check(table_name: str, executing_timeout_seconds: int):  # noqa: ANN201 - AssetChecksDefinition
-    @asset_check(
-        asset=table_key(table_name),
-        name=CHECK_NAME,
-        blocking=True,
-        description="The run's ledger rows are COMMITTED with their snapshot, result files live, replaced "
-        "files gone, rows in = rows out, nothing left PREPARED or untracked for the partition.",
-    )
-    def _check(context: AssetCheckExecutionContext, compaction: CompactionResource) -> AssetCheckResult:
-        engine = compaction.engine()
-        table = load_table(engine.catalog, table_name)
-        partition = context.run.tags.get(PARTITION_TAG, "")
-        report = check_consistency(table, engine.ledger, partition, context.run.run_id, executing_timeout_seconds)
+def _consistency(
+    engine: Engine, table_name: str, key: AssetKey, keys: list[str], outcomes: list[PartitionOutcome]
+) -> Iterator[AssetCheckEvaluation]:
+    """The blocking check of every partition of the run: its attempts (if it was compacted) and
+    what other runs left in it; a failed evaluation fails the run once all are reported."""
+    table = load_table(engine.catalog, table_name)
+    tasks: dict[str, str | None] = dict.fromkeys(keys)
+    tasks |= {o.partition_key: o.task_id for o in outcomes if o.task_id}
+    timeout = engine.config.state.executing_timeout_seconds
+    for partition, report in check_partitions(table, engine.ledger, tasks, timeout).items():
         metadata = {"attempts_checked": report.attempts_checked, "partition": partition or "(unpartitioned)"}
         if not report.passed:
             metadata |= {
                 "problems": MetadataValue.md("\n".join(f"- {p}" for p in report.problems)),
                 "fix": RECOVER_HINT,
             }
-        return AssetCheckResult(passed=report.passed, severity=AssetCheckSeverity.ERROR, metadata=metadata)
-
-    return _check
+        yield AssetCheckEvaluation(
+            asset_key=key,
+            check_name=CHECK_NAME,
+            passed=report.passed,
+            metadata=metadata,
+            severity=AssetCheckSeverity.ERROR,
+            blocking=True,
+            partition=partition or None,
+        )
 
 
 def run_fixed_cost(context: AssetExecutionContext, compaction_seconds: float) -> float:
@@ -104,12 +137,6 @@ def run_fixed_cost(context: AssetExecutionContext, compaction_seconds: float) ->
     record = context.instance.get_run_record_by_id(context.run.run_id)
     begin = starting[0].timestamp if starting else (record.start_time if record and record.start_time else time.time())
     return max(0.0, time.time() - begin - compaction_seconds)
-
-
-def _single(outcomes: list[PartitionOutcome]) -> PartitionOutcome:
-    """A run compacts one partition (or the whole unpartitioned table): one outcome."""
-    [outcome] = outcomes
-    return outcome
 
 
 def _metadata(o: PartitionOutcome, queue: str) -> dict:

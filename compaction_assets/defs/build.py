@@ -7,7 +7,7 @@ import logging
 from dagster import AssetKey, AssetSelection, AssetSpec, Definitions, define_asset_job, in_process_executor
 
 from compaction_assets.config import CompactionConfig
-from compaction_assets.defs.assets import consistency_check, table_asset
+from compaction_assets.defs.assets import table_asset
 from compaction_assets.defs.demo_writer import DEMO_WRITER_KEY, orders_stream
 from compaction_assets.defs.gc_assets import gc_asset, gc_schedule
 from compaction_assets.defs.naming import job_name, table_key
@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 def build_definitions(config: CompactionConfig) -> Definitions:
     catalog = open_catalog(config.catalog)
-    assets, checks, jobs = [], [], []
+    assets, jobs = [], []
     partitioned: dict[str, bool] = {}
     left_out: set[str] = set()
     upstream: set[AssetKey] = set()
@@ -42,7 +42,6 @@ def build_definitions(config: CompactionConfig) -> Definitions:
         partitioned[name] = not table.spec().is_unpartitioned()
         assets.append(table_asset(name, rule, partitioned[name], table.location(), policy))
         assets.append(gc_asset(name))
-        checks.append(consistency_check(name, config.state.executing_timeout_seconds))
         jobs.append(define_asset_job(job_name(name), selection=AssetSelection.assets(table_key(name))))
         upstream.update(AssetKey.from_user_string(u) for u in rule.upstream)
     if DEMO_WRITER_KEY in upstream:
@@ -52,7 +51,6 @@ def build_definitions(config: CompactionConfig) -> Definitions:
     scheduling = config.scheduling
     return Definitions(
         assets=assets,
-        asset_checks=checks,
         jobs=[*jobs, recover_job, restart_spark_server_job],
         schedules=[gc_schedule(list(partitioned))] if partitioned else [],
         sensors=[

@@ -9,6 +9,7 @@ import os
 import threading
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from urllib.parse import urlparse
 
@@ -16,6 +17,7 @@ from dagster import (
     AddDynamicPartitionsRequest,
     AssetObservation,
     DagsterInstance,
+    DagsterRun,
     DagsterRunStatus,
     DefaultSensorStatus,
     DeleteDynamicPartitionsRequest,
@@ -40,6 +42,8 @@ from compaction_assets.defs.naming import (
     PARTITION_TAG,
     PRIORITY_TAG,
     QUEUE_TAG,
+    RANGE_END_TAG,
+    RANGE_START_TAG,
     TABLE_TAG,
     WEBSERVER_ENV,
     job_name,
@@ -53,7 +57,7 @@ from compaction_assets.errors import CompactionError
 from compaction_assets.execution import connect_server
 from compaction_assets.execution.spark import require_server
 from compaction_assets.lake.catalog import load_table, managed_tables, metadata_locations
-from compaction_assets.planning.scheduling import Candidate, decide
+from compaction_assets.planning.scheduling import Batch, Candidate, decide
 from compaction_assets.redact import redact
 
 IN_PROGRESS = [
@@ -145,7 +149,8 @@ def evaluate_fragmentation(
         reload_code_location(context, added, dropped)
     runs = context.instance.get_runs(RunsFilter(statuses=IN_PROGRESS))
     queue_load = Counter(r.tags[QUEUE_TAG] for r in runs if QUEUE_TAG in r.tags)
-    in_flight = {(r.tags[TABLE_TAG], r.tags.get(PARTITION_TAG, "")): r.run_id for r in runs if TABLE_TAG in r.tags}
+    in_flight = runs_in_flight(context.instance, runs)
+    orders: dict[str, list[str]] = {}  # table -> its partition keys in the asset's order after this tick
     now = time.time()
     candidates: list[Candidate] = []
     partition_requests: list = []
@@ -179,9 +184,10 @@ def evaluate_fragmentation(
         if not tplan.policy.enabled:
             context.log.info(f"{name}: paused (compaction.enabled=false): not compacted; `compaction-assets resume`")
         if partitioned:
-            partition_requests.extend(
-                _partition_sync(context.instance, name, [p.partition_key for p in tplan.partitions])
+            requests, orders[name] = _partition_sync(
+                context.instance, name, [p.partition_key for p in tplan.partitions]
             )
+            partition_requests.extend(requests)
         observations.extend(
             AssetObservation(
                 asset_key=table_key(name),
@@ -229,32 +235,31 @@ def evaluate_fragmentation(
             skip_reason=SkipReason(summary),
         )
     capacities = {q.name: q.capacity for q in config.queues}
-    decisions = decide(
-        candidates, queue_load, capacities, set(in_flight), now, config.scheduling.ageing_points_per_minute
+    decisions, batches = decide(
+        candidates,
+        queue_load,
+        capacities,
+        set(in_flight),
+        now,
+        config.scheduling.ageing_points_per_minute,
+        config.scheduling.max_partitions_per_run,
+        orders,
     )
-    run_requests = []
     for d in decisions:
         c = d.candidate
         where = f"{c.table_name} [{c.partition_key or '-'}] (queue {c.queue}, priority {d.priority})"
         if d.requested or "already queued" in d.reason:
             cursor.waiting.pop(f"{c.table_name}|{c.partition_key}", None)
-        if not d.requested:
+        if d.requested:
+            context.log.debug(f"request {where} in run {d.batch}: benefit {c.benefit:.2f} files/MiB")
+        else:
             run_id = in_flight.get((c.table_name, c.partition_key))
             context.log.info(f"skip {where}: " + (f"already in progress (run {run_id})" if run_id else d.reason))
-            continue
-        context.log.info(f"request {where}: benefit {c.benefit:.2f} files/MiB")
-        run_requests.append(
-            RunRequest(
-                run_key=f"{c.table_name}|{c.partition_key}|{c.snapshot_id}",
-                job_name=job_name(c.table_name),
-                partition_key=c.partition_key or None,
-                tags={QUEUE_TAG: c.queue, TABLE_TAG: c.table_name, PRIORITY_TAG: str(d.priority)},
-            )
-        )
+    run_requests = [_run_request(b, context.log) for b in batches]
     summary = (
         f"evaluated {len(tables)} table(s): {len(planned)} planned, {len(unchanged)} unchanged; "
-        f"{len(candidates)} partition(s) worth compacting, {len(run_requests)} requested, "
-        f"{len(decisions) - len(run_requests)} skipped"
+        f"{len(candidates)} partition(s) worth compacting, {sum(d.requested for d in decisions)} requested in "
+        f"{len(run_requests)} run(s), {sum(not d.requested for d in decisions)} skipped"
     )
     context.log.info(summary)
     return SensorResult(
@@ -264,6 +269,51 @@ def evaluate_fragmentation(
         cursor=cursor.dump(),
         skip_reason=None if run_requests else SkipReason(summary),
     )
+
+
+def _run_request(batch: Batch, log: logging.Logger) -> RunRequest:
+    """One partition: a run of that partition (or of the unpartitioned table); several: a run of
+    the range from the first to the last, in the asset's partition order."""
+    first = batch.members[0]
+    tags = {QUEUE_TAG: batch.queue, TABLE_TAG: batch.table_name, PRIORITY_TAG: str(batch.priority)}
+    where = f"(queue {batch.queue}, priority {batch.priority})"
+    if len(batch.members) == 1:
+        log.info(
+            f"request {batch.table_name} [{first.partition_key or '-'}] {where}: benefit {first.benefit:.2f} files/MiB"
+        )
+        return RunRequest(
+            run_key=f"{batch.table_name}|{first.partition_key}|{first.snapshot_id}",
+            job_name=job_name(batch.table_name),
+            partition_key=first.partition_key or None,
+            tags=tags,
+        )
+    log.info(
+        f"request {batch.table_name} [{batch.first} .. {batch.last}]: {len(batch.members)} partitions, one run {where}"
+    )
+    return RunRequest(
+        run_key=f"{batch.table_name}|{batch.first}..{batch.last}|{first.snapshot_id}",
+        job_name=job_name(batch.table_name),
+        tags={**tags, RANGE_START_TAG: batch.first, RANGE_END_TAG: batch.last},
+    )
+
+
+def runs_in_flight(instance: DagsterInstance, runs: Sequence[DagsterRun]) -> dict[tuple[str, str], str]:
+    """(table, partition key) -> id of the queued or running run that covers it: its partition,
+    or every key of its partition range (in the table's partition order now)."""
+    in_flight: dict[tuple[str, str], str] = {}
+    orders: dict[str, list[str]] = {}
+    for run in runs:
+        if (table := run.tags.get(TABLE_TAG)) is None:
+            continue
+        if (start := run.tags.get(RANGE_START_TAG)) is None:
+            in_flight[(table, run.tags.get(PARTITION_TAG, ""))] = run.run_id
+            continue
+        if table not in orders:
+            orders[table] = list(instance.get_dynamic_partitions(partitions_name(table)))
+        order, end = orders[table], run.tags.get(RANGE_END_TAG)
+        if start in order and end in order:
+            in_flight.update(((table, k), run.run_id) for k in order[order.index(start) : order.index(end) + 1])
+    return in_flight
 
 
 def _spark_down(config: CompactionConfig) -> str | None:
@@ -309,17 +359,19 @@ def _reload(url: str, location: str) -> None:
     logging.getLogger(__name__).info(f"code location '{location}' reloaded: {info.status}")
 
 
-def _partition_sync(instance: DagsterInstance, table_name: str, keys: list[str]) -> list:
-    """Requests that make the table's dynamic partitions equal its Iceberg partitions."""
+def _partition_sync(instance: DagsterInstance, table_name: str, keys: list[str]) -> tuple[list, list[str]]:
+    """Requests that make the table's dynamic partitions equal its Iceberg partitions, and their
+    order once applied (Dagster's: in the order they were added)."""
     name = partitions_name(table_name)
-    existing = set(instance.get_dynamic_partitions(name))
+    existing = list(instance.get_dynamic_partitions(name))
     wanted = set(keys)
     requests: list = []
-    if added := sorted(wanted - existing):
+    added = sorted(wanted - set(existing))
+    if added:
         requests.append(AddDynamicPartitionsRequest(partitions_def_name=name, partition_keys=added))
-    if vanished := sorted(existing - wanted):
+    if vanished := sorted(set(existing) - wanted):
         requests.append(DeleteDynamicPartitionsRequest(partitions_def_name=name, partition_keys=vanished))
-    return requests
+    return requests, [k for k in existing if k in wanted] + added
 
 
 @op(description="Finish or undo every compaction attempt whose process is gone (compaction-assets recover).")

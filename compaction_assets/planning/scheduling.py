@@ -5,12 +5,15 @@ raised by ageing: every minute a partition waits adds `ageing_points_per_minute`
 low-priority partition overtakes newer high-priority work instead of starving.
 Back-pressure: a queue whose queued + running runs reach its capacity gets no more requests.
 One in-flight run per (table, partition).
+Batches: a run covers a range of up to `max_partitions_per_run` consecutive partitions of one table
+(in the asset's partition order); its due partitions ride in it, and it takes one capacity slot.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -31,6 +34,31 @@ class Decision:
     priority: int
     requested: bool
     reason: str
+    batch: int | None = None  # index of the requested run (`Batch`) it rides in
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One run: due partitions of one table, in partition order, within a range of the order."""
+
+    members: tuple[Candidate, ...]
+    priority: int  # the highest of its members'
+
+    @property
+    def table_name(self) -> str:
+        return self.members[0].table_name
+
+    @property
+    def queue(self) -> str:
+        return self.members[0].queue
+
+    @property
+    def first(self) -> str:
+        return self.members[0].partition_key
+
+    @property
+    def last(self) -> str:
+        return self.members[-1].partition_key
 
 
 def benefit_points(benefit: float) -> int:
@@ -52,20 +80,57 @@ def decide(
     in_flight: set[tuple[str, str]],
     now: float,
     ageing_points_per_minute: float,
-) -> list[Decision]:
-    """Highest priority first; request while the queue has room and the partition is idle."""
+    max_partitions_per_run: int = 1,
+    order: Mapping[str, Sequence[str]] | None = None,
+) -> tuple[list[Decision], list[Batch]]:
+    """Batch each table's idle candidates into runs, then request the runs highest priority first
+    while their queue has room. Returns a decision per candidate (highest priority first) and the
+    requested runs, which the requested decisions index.
+
+    `order`: a table's partition keys in the asset's partition order (a run covers a range of it,
+    at most `max_partitions_per_run` keys long); keys not in it sort after it, by key."""
+    priorities = {c: run_priority(c, now, ageing_points_per_minute) for c in candidates}
+    decisions: dict[Candidate, Decision] = {}
+    idle: dict[str, list[Candidate]] = defaultdict(list)
+    for c in priorities:
+        if (c.table_name, c.partition_key) in in_flight:
+            reason = "a run for this partition is already queued or running"
+            decisions[c] = Decision(c, priorities[c], False, reason)
+        else:
+            idle[c.table_name].append(c)
+    windows = [
+        w for table, cs in idle.items() for w in _windows(cs, (order or {}).get(table, ()), max_partitions_per_run)
+    ]
     ranked = sorted(
-        ((run_priority(c, now, ageing_points_per_minute), c) for c in candidates),
-        key=lambda pc: (-pc[0], pc[1].table_name, pc[1].partition_key),
+        (Batch(tuple(w), max(priorities[c] for c in w)) for w in windows),
+        key=lambda b: (-b.priority, b.table_name, b.first),
     )
     load = dict(queue_load)
-    decisions = []
-    for priority, c in ranked:
-        if (c.table_name, c.partition_key) in in_flight:
-            decisions.append(Decision(c, priority, False, "a run for this partition is already queued or running"))
-        elif load.get(c.queue, 0) >= capacities[c.queue]:
-            decisions.append(Decision(c, priority, False, f"queue '{c.queue}' is at capacity {capacities[c.queue]}"))
+    batches: list[Batch] = []
+    for batch in ranked:
+        if load.get(batch.queue, 0) >= capacities[batch.queue]:
+            reason = f"queue '{batch.queue}' is at capacity {capacities[batch.queue]}"
+            decisions.update((c, Decision(c, priorities[c], False, reason)) for c in batch.members)
+            continue
+        load[batch.queue] = load.get(batch.queue, 0) + 1
+        decisions.update((c, Decision(c, priorities[c], True, "requested", len(batches))) for c in batch.members)
+        batches.append(batch)
+    ranked_decisions = sorted(
+        decisions.values(), key=lambda d: (-d.priority, d.candidate.table_name, d.candidate.partition_key)
+    )
+    return ranked_decisions, batches
+
+
+def _windows(candidates: list[Candidate], order: Sequence[str], size: int) -> list[list[Candidate]]:
+    """Candidates grouped into ranges of `order` at most `size` keys long; a candidate whose key
+    is not in `order` (an unpartitioned table's, or one not synced yet) is a run of its own."""
+    position = {key: i for i, key in enumerate(order)}
+    known = sorted((c for c in candidates if c.partition_key in position), key=lambda c: position[c.partition_key])
+    windows: list[list[Candidate]] = []
+    for c in known:
+        if windows and position[c.partition_key] - position[windows[-1][0].partition_key] < size:
+            windows[-1].append(c)
         else:
-            load[c.queue] = load.get(c.queue, 0) + 1
-            decisions.append(Decision(c, priority, True, "requested"))
-    return decisions
+            windows.append([c])
+    unknown = sorted((c for c in candidates if c.partition_key not in position), key=lambda c: c.partition_key)
+    return windows + [[c] for c in unknown]
