@@ -44,18 +44,28 @@ def test_a_tables_partitions_ride_in_runs_of_ranges_of_its_partition_order():
     due = [cand("t", 0, part=f"p={i}", benefit=100 - 10 * i) for i in (0, 1, 2, 5, 6, 9)] + [cand("u", 1, part="")]
     decisions, batches = decide(due, {}, {"q": 2}, {("t", "p=1")}, NOW, 1, max_partitions_per_run=5, order={"t": order})
 
-    # u (priority 1) first; then t's range p=0..p=4 (the higher benefit) holds p=0 and p=2 (p=1 is in
-    # flight); p=5..p=9 waits.
+    # u (priority 1) first; then t's range from p=0 (the highest benefit), cut short by p=1 (in flight).
     assert [(b.table_name, [c.partition_key for c in b.members]) for b in batches] == [
         ("u", [""]),
-        ("t", ["p=0", "p=2"]),
+        ("t", ["p=0"]),
     ]
     assert batches[1].priority == max(run_priority(c, NOW, 1) for c in batches[1].members)
     by_key = {d.candidate.partition_key: d for d in decisions}
-    assert by_key["p=0"].batch == by_key["p=2"].batch == 1 and by_key[""].batch == 0
+    assert by_key["p=0"].batch == 1 and by_key[""].batch == 0
     assert not by_key["p=1"].requested and "already queued" in by_key["p=1"].reason
-    assert [by_key[k].requested for k in ("p=5", "p=6", "p=9")] == [False] * 3  # one more run: over capacity 2
+    assert [by_key[k].requested for k in ("p=2", "p=5", "p=6", "p=9")] == [False] * 4  # over capacity 2
     assert "capacity" in by_key["p=9"].reason
+    # A range spans at most max_partitions_per_run keys of the order, and none another run covers.
+    _, sized = decide(due, {}, {"q": 99}, set(), NOW, 1, max_partitions_per_run=5, order={"t": order})
+    assert [[c.partition_key for c in b.members] for b in sized if b.table_name == "t"] == [
+        ["p=0", "p=1", "p=2"],
+        ["p=5", "p=6", "p=9"],
+    ]
+    _, split = decide(due, {}, {"q": 99}, {("t", "p=1")}, NOW, 1, max_partitions_per_run=10, order={"t": order})
+    assert [[c.partition_key for c in b.members] for b in split if b.table_name == "t"] == [
+        ["p=0"],
+        ["p=2", "p=5", "p=6", "p=9"],
+    ]
     # One run per partition when runs hold one.
     _, single = decide(due, {}, {"q": 99}, set(), NOW, 1, max_partitions_per_run=1, order={"t": order})
     assert len(single) == len(due)

@@ -6,7 +6,7 @@ import time
 
 import pytest
 import yaml
-from dagster import DagsterRunStatus, build_sensor_context, instance_for_test
+from dagster import AddDynamicPartitionsRequest, DagsterRunStatus, RunRequest, build_sensor_context, instance_for_test
 from dagster._core.test_utils import create_run_for_test
 
 from compaction_assets.config import load_config
@@ -35,21 +35,54 @@ def tick(lake, instance, cursor=None):
     return sensor(context)
 
 
-def requested(result) -> dict[tuple[str, str], dict]:
-    return {(r.tags["compaction/table"], r.partition_key or ""): r for r in result.run_requests}
+def requested(result, instance=None) -> dict[tuple[str, str], RunRequest]:
+    """(table, partition) -> the request of the run covering it (a range run: every key of its range,
+    in the partition order once the tick's partition requests apply)."""
+    added = {
+        r.partitions_def_name: list(r.partition_keys)
+        for r in result.dynamic_partitions_requests
+        if isinstance(r, AddDynamicPartitionsRequest)
+    }
+    covered = {}
+    for r in result.run_requests:
+        table = r.tags["compaction/table"]
+        if (start := r.tags.get("dagster/asset_partition_range_start")) is None:
+            covered[(table, r.partition_key or "")] = r
+            continue
+        name = "lake__" + table.replace(".", "__")
+        order = [*(instance.get_dynamic_partitions(name) if instance else []), *added.get(name, [])]
+        end = r.tags["dagster/asset_partition_range_end"]
+        covered.update(((table, k), r) for k in order[order.index(start) : order.index(end) + 1])
+    return covered
+
+
+def set_scheduling(lake, **values) -> None:
+    doc = yaml.safe_load(lake.config_path.read_text())
+    doc["scheduling"] = {**doc.get("scheduling", {}), **values}
+    lake.config_path.write_text(yaml.safe_dump(doc))
 
 
 def test_requests_carry_queue_table_and_priority_tags_and_sync_partitions(queued_lake, instance):
     result = tick(queued_lake, instance)
 
-    runs = requested(result)
-    # Capacity: high 3 (all three orders partitions), default 2 (of events x2 and flat).
-    assert {k for k in runs if k[0] == "sales.orders"} == {("sales.orders", p) for p in ORDERS}
-    assert sum(k[0] != "sales.orders" for k in runs) == 2
+    runs = requested(result, instance)
+    # A run per table: its fragmented partitions in one range (capacity: high 3, default 2).
+    assert set(runs) == {("sales.orders", p) for p in ORDERS} | {
+        ("ns.events", "region=eu"),
+        ("ns.events", "region=us"),
+        ("ns.flat", ""),
+    }
+    assert len(result.run_requests) == 3
     for (table, partition), run in runs.items():
         assert run.tags["compaction/queue"] == ("high" if table == "sales.orders" else "default")
         assert run.job_name == "compact__" + table.replace(".", "__")
-        assert run.run_key.startswith(f"{table}|{partition}|")
+        assert run.run_key.startswith(f"{table}|{partition}|" if table == "ns.flat" else f"{table}|region=")
+    orders = runs[("sales.orders", "region=eu")]
+    assert (orders.tags["dagster/asset_partition_range_start"], orders.tags["dagster/asset_partition_range_end"]) == (
+        "region=apac",
+        "region=us",
+    )
+    assert orders.partition_key is None and "dagster/partition" not in orders.tags
     high = min(int(r.tags["dagster/priority"]) for k, r in runs.items() if k[0] == "sales.orders")
     low = max(int(r.tags["dagster/priority"]) for k, r in runs.items() if k[0] != "sales.orders")
     assert high > low  # table priority 10 beats 0
@@ -72,6 +105,7 @@ def test_requests_carry_queue_table_and_priority_tags_and_sync_partitions(queued
 
 
 def test_unchanged_table_is_not_replanned_and_run_keys_are_stable(queued_lake, instance):
+    set_scheduling(queued_lake, max_partitions_per_run=1)  # a run per partition: the default queue defers one
     first = tick(queued_lake, instance)
     cursor = json.loads(first.cursor)
     assert cursor["waiting"] == {"ns.flat|": pytest.approx(time.time(), abs=60)}  # deferred: queue full
@@ -104,12 +138,15 @@ def test_a_partition_already_in_flight_is_not_requested_again(queued_lake, insta
 
     result = tick(queued_lake, instance)
 
-    orders = {p for t, p in requested(result) if t == "sales.orders"}
+    orders = {p for t, p in requested(result, instance) if t == "sales.orders"}
     assert orders == ORDERS - {"region=eu"}
+    # region=eu lies between apac and us in the partition order: no range may cover it, so two runs.
+    assert sum(r.tags["compaction/table"] == "sales.orders" for r in result.run_requests) == 2
 
 
 def test_long_waiting_low_priority_partition_is_eventually_requested(queued_lake, instance):
-    # The default queue holds 2; ns.flat (priority 0) waits behind ns.events' partitions.
+    # A run per partition; the default queue holds 2; ns.flat (priority 0) waits behind ns.events' partitions.
+    set_scheduling(queued_lake, max_partitions_per_run=1)
     first = tick(queued_lake, instance)
     assert ("ns.flat", "") not in requested(first)
     cursor = json.loads(first.cursor)
@@ -137,7 +174,7 @@ def test_paused_table_gets_no_requests(queued_lake, instance):
 
     result = tick(queued_lake, instance)
 
-    assert {t for t, _ in requested(result)} == {"ns.events"}  # flat waits: default queue capacity 2
+    assert {t for t, _ in requested(result)} == {"ns.events", "ns.flat"}
 
 
 def test_policy_change_replans_every_table_on_the_next_tick(queued_lake, instance):
@@ -233,4 +270,4 @@ def test_no_requests_while_the_connect_server_is_down_and_the_partitions_wait(qu
 
     with socket.create_server(("127.0.0.1", port)):  # something answers at spark.remote now
         up = tick(queued_lake, instance, cursor=again.cursor)
-    assert {k for k in requested(up) if k[0] == "sales.orders"} == {("sales.orders", p) for p in ORDERS}
+    assert {k for k in requested(up, instance) if k[0] == "sales.orders"} == {("sales.orders", p) for p in ORDERS}

@@ -6,11 +6,13 @@ low-priority partition overtakes newer high-priority work instead of starving.
 Back-pressure: a queue whose queued + running runs reach its capacity gets no more requests.
 One in-flight run per (table, partition).
 Batches: a run covers a range of up to `max_partitions_per_run` consecutive partitions of one table
-(in the asset's partition order); its due partitions ride in it, and it takes one capacity slot.
+(in the asset's partition order) that no other run covers; its due partitions ride in it, and it
+takes one capacity slot.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -98,8 +100,13 @@ def decide(
             decisions[c] = Decision(c, priorities[c], False, reason)
         else:
             idle[c.table_name].append(c)
+    busy: dict[str, set[str]] = defaultdict(set)
+    for table, key in in_flight:
+        busy[table].add(key)
     windows = [
-        w for table, cs in idle.items() for w in _windows(cs, (order or {}).get(table, ()), max_partitions_per_run)
+        w
+        for table, cs in idle.items()
+        for w in _windows(cs, (order or {}).get(table, ()), max_partitions_per_run, busy[table])
     ]
     ranked = sorted(
         (Batch(tuple(w), max(priorities[c] for c in w)) for w in windows),
@@ -121,16 +128,21 @@ def decide(
     return ranked_decisions, batches
 
 
-def _windows(candidates: list[Candidate], order: Sequence[str], size: int) -> list[list[Candidate]]:
-    """Candidates grouped into ranges of `order` at most `size` keys long; a candidate whose key
-    is not in `order` (an unpartitioned table's, or one not synced yet) is a run of its own."""
+def _windows(candidates: list[Candidate], order: Sequence[str], size: int, busy: set[str]) -> list[list[Candidate]]:
+    """Candidates grouped into ranges of `order` at most `size` keys long that hold no `busy` key
+    (one another run covers); a candidate whose key is not in `order` (an unpartitioned table's,
+    or one not synced yet) is a run of its own."""
     position = {key: i for i, key in enumerate(order)}
+    blocked = sorted(position[k] for k in busy if k in position)
     known = sorted((c for c in candidates if c.partition_key in position), key=lambda c: position[c.partition_key])
     windows: list[list[Candidate]] = []
     for c in known:
-        if windows and position[c.partition_key] - position[windows[-1][0].partition_key] < size:
-            windows[-1].append(c)
-        else:
-            windows.append([c])
+        pos = position[c.partition_key]
+        if windows:
+            start, last = position[windows[-1][0].partition_key], position[windows[-1][-1].partition_key]
+            if pos - start < size and bisect.bisect(blocked, last) == bisect.bisect(blocked, pos):
+                windows[-1].append(c)
+                continue
+        windows.append([c])
     unknown = sorted((c for c in candidates if c.partition_key not in position), key=lambda c: c.partition_key)
     return windows + [[c] for c in unknown]
