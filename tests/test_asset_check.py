@@ -1,15 +1,21 @@
 """Materialising a table partition compacts it; the blocking consistency check follows it."""
 
-import pytest
-from dagster import AssetKey, RunRequest, build_sensor_context, instance_for_test
+from pathlib import Path
+from urllib.parse import urlparse
 
+import pytest
+from dagster import AssetKey, DagsterRunStatus, RunRequest, build_sensor_context, instance_for_test
+from dagster._core.test_utils import create_run_for_test
+
+from compaction_assets.commit.ledger import Status
 from compaction_assets.config import load_config
 from compaction_assets.defs.build import build_definitions
 from compaction_assets.defs.resources import CompactionResource
-from compaction_assets.lake.digest import rows_digest
-from tests.conftest import create_fragmented
+from compaction_assets.lake.digest import batches_digest, rows_digest
+from tests.conftest import create_fragmented, data_files
 
 KEY = AssetKey(["lake", "ns", "t"])
+RANGE_START, RANGE_END = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
 
 
 @pytest.fixture
@@ -91,3 +97,53 @@ def test_check_fails_and_blocks_on_a_task_left_prepared_until_recovered(lake, in
     assert healed.success and healed_check.passed
     assert rows_digest(lake.table("ns.t")) == before
     assert len(lake.table("ns.t").inspect.files()) == 1
+
+
+def test_a_run_over_a_range_of_partitions_reports_each_and_a_failing_one_alone(lake, instance):
+    """The sensor asks one run for a table's 30 fragmented partitions; the run compacts them in one
+    commit, reports a materialisation and a check result per partition, and fails naming the one
+    partition whose file is corrupt, the 29 others committed."""
+    regions = [f"r{i:02d}" for i in range(30)]
+    table = create_fragmented(lake, "ns.t", dict.fromkeys(regions, 6), rows=10)
+    healthy = "region != 'r07'"
+    before = batches_digest(table.scan(row_filter=healthy).to_arrow_batch_reader())
+    snapshots = len(table.metadata.snapshots)
+    defs = build_definitions(load_config(lake.config_path))
+    resources = {"compaction": CompactionResource(config_path=str(lake.config_path))}
+    sensor = defs.get_sensor_def("fragmentation_sensor")
+    tick = sensor(build_sensor_context(instance=instance, definitions=defs, resources=resources))
+    [request] = tick.run_requests
+    assert (request.tags[RANGE_START], request.tags[RANGE_END]) == ("region=r00", "region=r29")
+    for r in tick.dynamic_partitions_requests:  # what the daemon does before it launches the run
+        instance.add_dynamic_partitions(r.partitions_def_name, r.partition_keys)
+    queued = create_run_for_test(instance, job_name=request.job_name, status=DagsterRunStatus.STARTING, tags=request.tags)
+    again = sensor(build_sensor_context(instance=instance, definitions=defs, resources=resources))
+    assert again.run_requests == []  # every partition of the range is in flight
+    instance.delete_run(queued.run_id)
+    [corrupt] = [f["file_path"] for f in data_files(table) if f["partition"]["region"] == "r07"][:1]
+    Path(urlparse(corrupt).path).write_bytes(b"PAR1 this is not a parquet file PAR1")
+
+    result = defs.resolve_job_def("compact__ns__t").execute_in_process(
+        instance=instance, tags=request.tags, raise_on_error=False
+    )
+
+    assert not result.success  # r07 failed
+    events = result.asset_materializations_for_node("lake__ns__t")
+    meta = {e.partition: {k: v.value for k, v in e.metadata.items()} for e in events}
+    assert sorted(meta) == [f"region={r}" for r in regions if r != "r07"]
+    assert all(m["status"] == "committed" and m["data_files_after"] == 1 and m["rows"] == 60 for m in meta.values())
+    assert {m["partitions_in_run"] for m in meta.values()} == {30}
+    checks = {c.partition: c for c in result.get_asset_check_evaluations()}
+    assert sorted(checks) == [f"region={r}" for r in regions]  # every partition of the run, r07 included
+    assert all(c.passed for c in checks.values())  # r07's failed attempt left nothing behind
+    [failure] = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert "1 of 30 partition(s) failed" in failure.event_specific_data.error.message
+    assert corrupt in str(failure.event_specific_data.user_failure_data.metadata["failed_partitions"].value)
+    attempts = lake.engine.ledger.attempts(table_name="ns.t")
+    assert sorted((a.partition_key, a.status) for a in attempts) == sorted(
+        (f"region={r}", Status.FAILED if r == "r07" else Status.COMMITTED) for r in regions
+    )
+    assert {a.task_id for a in attempts} == {f"{result.run_id}:region={r}" for r in regions}
+    table = lake.table("ns.t")
+    assert len(table.metadata.snapshots) == snapshots + 1  # one commit for the 29
+    assert batches_digest(table.scan(row_filter=healthy).to_arrow_batch_reader()) == before

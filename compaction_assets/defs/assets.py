@@ -16,6 +16,7 @@ from dagster import (
     DynamicPartitionsDefinition,
     Failure,
     MetadataValue,
+    Output,
     PreviewWarning,
     asset,
 )
@@ -69,7 +70,7 @@ def table_asset(table_name: str, rule: TableRule, partitioned: bool, location: s
     )
     def _compact(
         context: AssetExecutionContext, compaction: CompactionResource, pyspark: LazyPySparkResource
-    ) -> Iterator[AssetMaterialization | AssetCheckEvaluation]:
+    ) -> Iterator[AssetMaterialization | AssetCheckEvaluation | Output]:
         keys = list(context.partition_keys) if partitioned else [""]
         engine = compaction.engine(spark=pyspark)
         run_id = context.run.run_id
@@ -92,6 +93,9 @@ def table_asset(table_name: str, rule: TableRule, partitioned: bool, location: s
                 metadata = {**_metadata(o, rule.queue), **run_figures}
                 yield AssetMaterialization(asset_key=key, partition=o.partition_key or None, metadata=metadata)
         yield from _consistency(engine, table_name, key, keys, outcomes)
+        # the check's evaluations are the events above; its output only says they were all reported
+        [output] = [n for n, spec in context.assets_def.check_specs_by_output_name.items() if spec.key == check.key]
+        yield Output(None, output_name=output)
         if failed := [o for o in outcomes if not o.ok]:
             description = redact(f"{table_name}: {len(failed)} of {len(keys)} partition(s) failed: {failed[0].reason}")
             listed = "\n".join(f"- `{o.partition_key or 'unpartitioned'}`: {redact(o.reason)}" for o in failed)
