@@ -348,6 +348,7 @@ def soak(minutes: float, seed: int, slots: int, workdir: str | None, update_read
 @click.option("--port", default=15102, show_default=True, help="port of the bench's own Spark Connect server")
 @click.option("--runs", default=3, show_default=True, help="cold and warm runs in the fixed-cost comparison (0: skip)")
 @click.option("--repeats", default=5, show_default=True, help="runs per contender per dataset (median reported)")
+@click.option("--drain-partitions", default=2000, show_default=True, help="partitions of the drain run (0: skip)")
 @click.option("--dir", "workdir", type=click.Path(), default=None, help="scratch folder (default: a temp folder)")
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON at the end")
 def bench(
@@ -357,6 +358,7 @@ def bench(
     port: int,
     runs: int,
     repeats: int,
+    drain_partitions: int,
     workdir: str | None,
     as_json: bool,
 ) -> None:
@@ -366,7 +368,8 @@ def bench(
     from compaction_assets.bench.run import run_bench
 
     sets = [d for d in (SMALL, TINY, CDC) if not names or d.name in names]
-    report = run_bench(Path(workdir) if workdir else None, sets, click.echo, large_gib, tables, port, runs, repeats)
+    root = Path(workdir) if workdir else None
+    report = run_bench(root, sets, click.echo, large_gib, tables, port, runs, repeats, drain_partitions)
     if as_json:
         click.echo(report.to_json())
 
