@@ -116,7 +116,8 @@ def test_a_run_over_a_range_of_partitions_reports_each_and_a_failing_one_alone(l
     assert (request.tags[RANGE_START], request.tags[RANGE_END]) == ("region=r00", "region=r29")
     for r in tick.dynamic_partitions_requests:  # what the daemon does before it launches the run
         instance.add_dynamic_partitions(r.partitions_def_name, r.partition_keys)
-    queued = create_run_for_test(instance, job_name=request.job_name, status=DagsterRunStatus.STARTING, tags=request.tags)
+    starting = DagsterRunStatus.STARTING
+    queued = create_run_for_test(instance, job_name=request.job_name, status=starting, tags=request.tags)
     again = sensor(build_sensor_context(instance=instance, definitions=defs, resources=resources))
     assert again.run_requests == []  # every partition of the range is in flight
     instance.delete_run(queued.run_id)
