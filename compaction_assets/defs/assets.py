@@ -2,6 +2,7 @@
 
 import time
 import warnings
+from collections import Counter
 from collections.abc import Iterator
 
 from dagster import (
@@ -78,8 +79,12 @@ def table_asset(table_name: str, rule: TableRule, partitioned: bool, location: s
             outcomes = engine.compact(table_name, partition=keys[0] or None, task_id=run_id)
         else:
             outcomes = engine.compact(table_name, task_id=run_id, partitions=keys)
-        for o in outcomes:
+        # a log line is an event Dagster stores: one per failed partition, the others counted
+        for o in outcomes if len(outcomes) == 1 else [o for o in outcomes if not o.ok]:
             context.log.info(redact(f"{table_name} [{o.partition_key or 'unpartitioned'}]: {o.status}: {o.reason}"))
+        if len(outcomes) > 1:
+            counts = Counter(o.status for o in outcomes)
+            context.log.info(f"{table_name}: {', '.join(f'{n} {status}' for status, n in sorted(counts.items()))}")
         seconds = max((o.seconds for o in outcomes), default=0.0)
         fixed = run_fixed_cost(context, seconds)
         context.log.info(
