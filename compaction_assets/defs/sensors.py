@@ -9,7 +9,7 @@ import os
 import threading
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from urllib.parse import urlparse
 
 from dagster import (
@@ -79,13 +79,16 @@ def queue_load(instance: DagsterInstance) -> dict[str, tuple[int, int]]:
 @dataclass
 class FragmentationCursor:
     """Last seen version of each table and of compaction.yaml, and since when each deferred
-    partition has waited. A table is re-planned only when its metadata file (SQL catalogs: read
-    for all tables in one query) or snapshot changed, or the config did."""
+    partition has waited, with the benefit its plan had. A table is re-planned only when its
+    metadata file (SQL catalogs: read for all tables in one query) or snapshot changed, or the
+    config did; an unchanged table's deferred partitions are candidates again as they were
+    planned (a 200,000-file table is not re-planned every tick while its partitions queue)."""
 
     snapshots: dict[str, int | None] = field(default_factory=dict)
     waiting: dict[str, float] = field(default_factory=dict)  # "table|partition" -> epoch seconds
     versions: dict[str, str | None] = field(default_factory=dict)  # table -> metadata location
     config: str = ""  # fingerprint of the compaction.yaml last planned with
+    benefits: dict[str, float] = field(default_factory=dict)  # "table|partition" (waiting) -> plan benefit
 
     @staticmethod
     def parse(raw: str | None) -> "FragmentationCursor":
@@ -136,7 +139,7 @@ def evaluate_fragmentation(
     cursor = FragmentationCursor.parse(context.cursor)
     fingerprint = hashlib.sha256(config.model_dump_json().encode()).hexdigest()[:16]
     if cursor.config != fingerprint:  # a policy, priority or queue changed: look at every table again
-        cursor.snapshots, cursor.versions, cursor.config = {}, {}, fingerprint
+        cursor.snapshots, cursor.versions, cursor.benefits, cursor.config = {}, {}, {}, fingerprint
     locations = metadata_locations(engine.catalog)
     present = set(locations) if locations is not None else set(managed_tables(engine.catalog, config))
     present = {n for n in present if config.rule_for(n) is not None}
@@ -151,6 +154,9 @@ def evaluate_fragmentation(
     partition_requests: list = []
     observations: list[AssetObservation] = []
     unchanged, planned = [], []
+    waiting_of: dict[str, list[str]] = {}
+    for key in cursor.waiting:
+        waiting_of.setdefault(key.split("|", 1)[0], []).append(key)
     for name, partitioned in tables.items():
         rule = config.rule_for(name)
         if rule is None:
@@ -158,18 +164,26 @@ def evaluate_fragmentation(
             continue
         if name not in present:
             continue  # dropped: the reload above removes its asset
-        waiting = [k for k in cursor.waiting if k.startswith(f"{name}|")]
+        waiting = waiting_of.get(name, [])
+        deferred = [
+            Candidate(name, k.split("|", 1)[1], rule.queue, rule.priority, cursor.benefits[k], cursor.waiting[k], None)
+            for k in waiting
+            if k in cursor.benefits
+        ]
+        replayable = len(deferred) == len(waiting)  # every waiting partition has its planned benefit
         known = locations is not None and name in cursor.versions
-        if known and cursor.versions[name] == locations.get(name) and not waiting:
+        if known and cursor.versions[name] == locations.get(name) and replayable:
             unchanged.append(name)
+            candidates.extend(replace(c, snapshot_id=cursor.snapshots.get(name)) for c in deferred)
             continue
         try:
             table = load_table(engine.catalog, name)
             snapshot = table.current_snapshot()
             snapshot_id = snapshot.snapshot_id if snapshot else None
-            if name in cursor.snapshots and cursor.snapshots[name] == snapshot_id and not waiting:
+            if name in cursor.snapshots and cursor.snapshots[name] == snapshot_id and replayable:
                 cursor.versions[name] = table.metadata_location
                 unchanged.append(name)
+                candidates.extend(replace(c, snapshot_id=snapshot_id) for c in deferred)
                 continue
             tplan = engine.plan_for(table, name)
         except CompactionError as exc:
@@ -208,11 +222,13 @@ def evaluate_fragmentation(
         for key in waiting:
             if key.split("|", 1)[1] not in worth:
                 del cursor.waiting[key]
+                cursor.benefits.pop(key, None)
         for plan in tplan.partitions:
             if not plan.worth_compacting:
                 context.log.debug(f"{name} [{plan.partition_key or '-'}]: nothing to do: {plan.reason}")
         for key, plan in worth.items():
             since = cursor.waiting.setdefault(f"{name}|{key}", now)
+            cursor.benefits[f"{name}|{key}"] = plan.benefit
             candidates.append(Candidate(name, key, rule.queue, rule.priority, plan.benefit, since, snapshot_id))
         cursor.snapshots[name] = snapshot_id
         cursor.versions[name] = table.metadata_location
@@ -225,7 +241,7 @@ def evaluate_fragmentation(
         return SensorResult(
             dynamic_partitions_requests=partition_requests,
             asset_events=observations,
-            cursor=cursor.dump(),  # they stay in `waiting`, so the next tick plans them again
+            cursor=cursor.dump(),  # they stay in `waiting`: candidates again on the next tick
             skip_reason=SkipReason(summary),
         )
     capacities = {q.name: q.capacity for q in config.queues}
@@ -238,6 +254,7 @@ def evaluate_fragmentation(
         where = f"{c.table_name} [{c.partition_key or '-'}] (queue {c.queue}, priority {d.priority})"
         if d.requested or "already queued" in d.reason:
             cursor.waiting.pop(f"{c.table_name}|{c.partition_key}", None)
+            cursor.benefits.pop(f"{c.table_name}|{c.partition_key}", None)
         if not d.requested:
             run_id = in_flight.get((c.table_name, c.partition_key))
             context.log.info(f"skip {where}: " + (f"already in progress (run {run_id})" if run_id else d.reason))
