@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import os
 import shutil
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -42,6 +43,7 @@ from pyiceberg.types import DoubleType, LongType, NestedField, StringType, Times
 from compaction_assets.lake.catalog import open_catalog
 
 TABLE = "scale.events"
+FILES_PER_PARTITION = 40
 REGIONS = 10
 ROWS_PER_FILE = 10
 SCHEMA = Schema(
@@ -264,15 +266,15 @@ def _in_child(kind: str, root: Path, repeats: int) -> dict:
 
 
 def measure(
-    files: int = 200_000,
-    partitions: int = 5_000,
-    manifests: int = 1_000,
-    commits: int = 50,
-    root: Path | None = None,
-    repeats: int = 3,
-    log: Callable[[str], None] = print,
+    files: int = 200_000, root: Path | None = None, repeats: int = 5, log: Callable[[str], None] = print
 ) -> dict:
-    """Build (or reuse) the table; plan it and tick the sensor over it, each in a fresh process."""
+    """Build (or reuse) a table of `files` files (a multiple of 40): 40 per partition, in manifests
+    of up to 200 files (1,000 manifests in 50 commits at 200,000 files); plan it and tick the
+    sensor over it, each in a fresh process."""
+    partitions = files // FILES_PER_PARTITION
+    per_manifest = math.gcd(partitions, 200)
+    manifests = files // per_manifest
+    commits = math.gcd(manifests, 50)
     root = root or default_root(files, partitions, manifests)
     built = ensure_table(root, files, partitions, manifests, commits, log)
     figures = {**built, **_in_child("plan", root, repeats), **_in_child("sensor", root, repeats)}
@@ -295,15 +297,9 @@ def _short(files: int) -> str:
     return f"{files // 1000}k" if files % 1000 == 0 else str(files)
 
 
-def _main(argv: list[str]) -> Iterator[str]:
-    if argv[:1] == ["--child"]:
-        kind, root, repeats = argv[1], Path(argv[2]), int(argv[3])
-        yield json.dumps((_plan_child if kind == "plan" else _sensor_child)(root, repeats))
-        return
-    files = int(argv[0]) if argv else 200_000
-    measure(files=files)
-
-
 if __name__ == "__main__":
-    for line in _main(sys.argv[1:]) or ():
-        print(line)
+    if sys.argv[1:2] == ["--child"]:
+        kind, folder, times = sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])
+        print(json.dumps((_plan_child if kind == "plan" else _sensor_child)(folder, times)))
+    else:
+        measure(files=int(sys.argv[1]) if len(sys.argv) > 1 else 200_000)

@@ -9,7 +9,7 @@ import os
 import threading
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, fields
 from urllib.parse import urlparse
 
 from dagster import (
@@ -34,7 +34,7 @@ from dagster import (
 
 from compaction_assets.commit.ledger import OPEN
 from compaction_assets.commit.recovery import orphaned_because
-from compaction_assets.config import CompactionConfig
+from compaction_assets.config import CompactionConfig, TableRule
 from compaction_assets.defs.naming import (
     LOCATION_NAME,
     PARTITION_TAG,
@@ -56,6 +56,7 @@ from compaction_assets.lake.catalog import load_table, managed_tables, metadata_
 from compaction_assets.planning.scheduling import Candidate, decide
 from compaction_assets.redact import redact
 
+SKIPS_LOGGED = 20  # per reason: a table of thousands of waiting partitions logs these and a count
 IN_PROGRESS = [
     DagsterRunStatus.QUEUED,
     DagsterRunStatus.NOT_STARTED,
@@ -95,7 +96,7 @@ class FragmentationCursor:
         return FragmentationCursor(**json.loads(raw)) if raw else FragmentationCursor()
 
     def dump(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        return json.dumps({f.name: getattr(self, f.name) for f in fields(self)}, sort_keys=True)
 
 
 def sync_pool_limits(instance: DagsterInstance, config: CompactionConfig) -> None:
@@ -165,16 +166,12 @@ def evaluate_fragmentation(
         if name not in present:
             continue  # dropped: the reload above removes its asset
         waiting = waiting_of.get(name, [])
-        deferred = [
-            Candidate(name, k.split("|", 1)[1], rule.queue, rule.priority, cursor.benefits[k], cursor.waiting[k], None)
-            for k in waiting
-            if k in cursor.benefits
-        ]
-        replayable = len(deferred) == len(waiting)  # every waiting partition has its planned benefit
+        replayable = all(k in cursor.benefits for k in waiting)  # each waiting partition's planned benefit is kept
+
         known = locations is not None and name in cursor.versions
         if known and cursor.versions[name] == locations.get(name) and replayable:
             unchanged.append(name)
-            candidates.extend(replace(c, snapshot_id=cursor.snapshots.get(name)) for c in deferred)
+            candidates.extend(_deferred(cursor, name, rule, waiting, cursor.snapshots.get(name)))
             continue
         try:
             table = load_table(engine.catalog, name)
@@ -183,7 +180,7 @@ def evaluate_fragmentation(
             if name in cursor.snapshots and cursor.snapshots[name] == snapshot_id and replayable:
                 cursor.versions[name] = table.metadata_location
                 unchanged.append(name)
-                candidates.extend(replace(c, snapshot_id=snapshot_id) for c in deferred)
+                candidates.extend(_deferred(cursor, name, rule, waiting, snapshot_id))
                 continue
             tplan = engine.plan_for(table, name)
         except CompactionError as exc:
@@ -249,6 +246,7 @@ def evaluate_fragmentation(
         candidates, queue_load, capacities, set(in_flight), now, config.scheduling.ageing_points_per_minute
     )
     run_requests = []
+    skipped: Counter[str] = Counter()  # reason -> partitions skipped for it (not in progress)
     for d in decisions:
         c = d.candidate
         where = f"{c.table_name} [{c.partition_key or '-'}] (queue {c.queue}, priority {d.priority})"
@@ -256,8 +254,12 @@ def evaluate_fragmentation(
             cursor.waiting.pop(f"{c.table_name}|{c.partition_key}", None)
             cursor.benefits.pop(f"{c.table_name}|{c.partition_key}", None)
         if not d.requested:
-            run_id = in_flight.get((c.table_name, c.partition_key))
-            context.log.info(f"skip {where}: " + (f"already in progress (run {run_id})" if run_id else d.reason))
+            if run_id := in_flight.get((c.table_name, c.partition_key)):
+                context.log.info(f"skip {where}: already in progress (run {run_id})")
+            else:
+                skipped[d.reason] += 1
+                if skipped[d.reason] <= SKIPS_LOGGED:
+                    context.log.info(f"skip {where}: {d.reason}")
             continue
         context.log.info(f"request {where}: benefit {c.benefit:.2f} files/MiB")
         run_requests.append(
@@ -268,6 +270,9 @@ def evaluate_fragmentation(
                 tags={QUEUE_TAG: c.queue, TABLE_TAG: c.table_name, PRIORITY_TAG: str(d.priority)},
             )
         )
+    for reason, count in skipped.items():
+        if count > SKIPS_LOGGED:
+            context.log.info(f"skip {count - SKIPS_LOGGED} more partition(s), lower in priority: {reason}")
     summary = (
         f"evaluated {len(tables)} table(s): {len(planned)} planned, {len(unchanged)} unchanged; "
         f"{len(candidates)} partition(s) worth compacting, {len(run_requests)} requested, "
@@ -281,6 +286,18 @@ def evaluate_fragmentation(
         cursor=cursor.dump(),
         skip_reason=None if run_requests else SkipReason(summary),
     )
+
+
+def _deferred(
+    cursor: FragmentationCursor, name: str, rule: TableRule, waiting: list[str], snapshot_id: int | None
+) -> list[Candidate]:
+    """The waiting partitions of an unchanged table, candidates again as they were planned."""
+    return [
+        Candidate(
+            name, k.split("|", 1)[1], rule.queue, rule.priority, cursor.benefits[k], cursor.waiting[k], snapshot_id
+        )
+        for k in waiting
+    ]
 
 
 def _spark_down(config: CompactionConfig) -> str | None:

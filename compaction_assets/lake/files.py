@@ -6,6 +6,7 @@ from collections.abc import Iterable
 
 from pyiceberg.manifest import DataFile, DataFileContent, ManifestEntry
 from pyiceberg.table import Table
+from pyiceberg.utils.lazydict import LazyDict
 
 from compaction_assets.lake.manifest_cache import manifest_contents
 from compaction_assets.lake.partition_key import PartitionId, partition_id, render_partition
@@ -46,15 +47,25 @@ class LiveFile:
         self.data_sequence_number = data_sequence_number
         self.path: str = data_file.file_path
         self.size: int = data_file.file_size_in_bytes
-        column_sizes = data_file.column_sizes
-        # compressed column data (manifest column sizes), or the file size when unrecorded
-        self.data_bytes: int = sum(column_sizes.values()) if column_sizes else self.size
+        self.data_bytes: int = _data_bytes(data_file)
         self.record_count: int = data_file.record_count
         self.spec_id: int = data_file.spec_id
         self.is_delete: bool = data_file.content != DataFileContent.DATA
 
     def __repr__(self) -> str:
         return f"LiveFile({self.path!r}, partition {self.partition_key!r}, seq {self.data_sequence_number})"
+
+
+def _data_bytes(data_file: DataFile) -> int:
+    """Compressed column data (manifest column sizes), or the file size when unrecorded. A
+    column_sizes pyiceberg decoded lazily is summed from its arrays, not made a dict: that
+    dict would stay with the cached entry (~90 MB at 200,000 files) for nothing."""
+    sizes = data_file.column_sizes
+    if isinstance(sizes, LazyDict) and getattr(sizes, "_dict", None) is None and hasattr(sizes, "_contents"):
+        values = [v for item in sizes._contents for v in item[1::2]]
+    else:
+        values = list(sizes.values()) if sizes else []
+    return sum(values) if values else data_file.file_size_in_bytes
 
 
 def partition_key(table: Table, data_file: DataFile) -> str:
