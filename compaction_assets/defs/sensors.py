@@ -53,7 +53,7 @@ from compaction_assets.errors import CompactionError
 from compaction_assets.execution import connect_server
 from compaction_assets.execution.spark import require_server
 from compaction_assets.lake.catalog import load_table, managed_tables, metadata_locations
-from compaction_assets.planning.scheduling import Candidate, decide
+from compaction_assets.planning.scheduling import Candidate, Decision, decide
 from compaction_assets.redact import redact
 
 SKIPS_LOGGED = 20  # per reason: a table of thousands of waiting partitions logs these and a count
@@ -135,10 +135,10 @@ def evaluate_fragmentation(
     tables: dict[str, bool],
     left_out: frozenset[str] = frozenset(),
 ) -> SensorResult:
-    engine = Engine(config)  # no Spark: the sensor only plans
+    fingerprint = hashlib.sha256(config.model_dump_json().encode()).hexdigest()[:16]
+    engine = _engine(config, fingerprint)
     sync_pool_limits(context.instance, config)
     cursor = FragmentationCursor.parse(context.cursor)
-    fingerprint = hashlib.sha256(config.model_dump_json().encode()).hexdigest()[:16]
     if cursor.config != fingerprint:  # a policy, priority or queue changed: look at every table again
         cursor.snapshots, cursor.versions, cursor.benefits, cursor.config = {}, {}, {}, fingerprint
     locations = metadata_locations(engine.catalog)
@@ -249,19 +249,18 @@ def evaluate_fragmentation(
     skipped: Counter[str] = Counter()  # reason -> partitions skipped for it (not in progress)
     for d in decisions:
         c = d.candidate
-        where = f"{c.table_name} [{c.partition_key or '-'}] (queue {c.queue}, priority {d.priority})"
         if d.requested or "already queued" in d.reason:
             cursor.waiting.pop(f"{c.table_name}|{c.partition_key}", None)
             cursor.benefits.pop(f"{c.table_name}|{c.partition_key}", None)
         if not d.requested:
             if run_id := in_flight.get((c.table_name, c.partition_key)):
-                context.log.info(f"skip {where}: already in progress (run {run_id})")
+                context.log.info(f"skip {_where(d)}: already in progress (run {run_id})")
             else:
                 skipped[d.reason] += 1
                 if skipped[d.reason] <= SKIPS_LOGGED:
-                    context.log.info(f"skip {where}: {d.reason}")
+                    context.log.info(f"skip {_where(d)}: {d.reason}")
             continue
-        context.log.info(f"request {where}: benefit {c.benefit:.2f} files/MiB")
+        context.log.info(f"request {_where(d)}: benefit {c.benefit:.2f} files/MiB")
         run_requests.append(
             RunRequest(
                 run_key=f"{c.table_name}|{c.partition_key}|{c.snapshot_id}",
@@ -286,6 +285,26 @@ def evaluate_fragmentation(
         cursor=cursor.dump(),
         skip_reason=None if run_requests else SkipReason(summary),
     )
+
+
+_engines: dict[str, Engine] = {}
+_engines_lock = threading.Lock()
+
+
+def _engine(config: CompactionConfig, fingerprint: str) -> Engine:
+    """The sensor's Engine for this config, made once per process (opening the catalog and the
+    ledger costs a tick tens of milliseconds). No Spark: the sensor only plans."""
+    with _engines_lock:
+        engine = _engines.get(fingerprint)
+        if engine is None:
+            _engines.clear()  # a changed config replaces the one before it
+            engine = _engines[fingerprint] = Engine(config)
+        return engine
+
+
+def _where(d: Decision) -> str:
+    c = d.candidate
+    return f"{c.table_name} [{c.partition_key or '-'}] (queue {c.queue}, priority {d.priority})"
 
 
 def _deferred(

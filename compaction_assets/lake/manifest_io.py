@@ -43,9 +43,6 @@ from pyiceberg.manifest import (
 )
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
-from pyiceberg.typedef import Record
-
-from compaction_assets.lake.partition_key import partition_id
 
 # The manifest_entry fields before data_file, as format version 2 writes them
 _V2_LEADING_FIELDS = [
@@ -87,7 +84,6 @@ def read_manifest(manifest: ManifestFile, file_io: FileIO) -> ManifestContents:
         restatable = _has_v2_layout(avro.header.meta)
         entries: list[ManifestEntry] = []
         tails: list[bytes] = []
-        partitions: dict[tuple, Record] = {}  # one shared partition Record per distinct typed value
         for count, block in _blocks(avro):
             decoder = new_decoder(block)
             for _ in range(count):
@@ -97,8 +93,6 @@ def read_manifest(manifest: ManifestFile, file_io: FileIO) -> ManifestContents:
                     continue
                 if restatable:
                     tails.append(block[start + _leading_length(entry) : decoder.tell()])
-                data_file = entry.data_file
-                data_file._data[3] = partitions.setdefault(_typed(data_file.partition), data_file.partition)
                 entries.append(_inherit_from_manifest(entry, manifest))
     if not restatable:
         return ManifestContents(tuple(entries), None, ())
@@ -198,11 +192,6 @@ def _has_v2_layout(meta: dict[str, str]) -> bool:
         return False
     leading = [(f.get("name"), f.get("type")) for f in fields[: len(_V2_LEADING_FIELDS)]]
     return leading == _V2_LEADING_FIELDS and len(fields) == 5 and fields[4].get("name") == "data_file"
-
-
-def _typed(partition: Record) -> tuple:
-    """A partition's values by type and identity (floats by bits: -0.0 is not 0.0)."""
-    return tuple((type(v), v) for v in partition_id(0, partition)[1])
 
 
 def _blocks(avro: AvroFile) -> Iterator[tuple[int, bytes]]:
