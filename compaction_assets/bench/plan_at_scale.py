@@ -212,15 +212,18 @@ def _plan_child(root: Path, repeats: int) -> dict:
     from compaction_assets.engine import Engine
 
     engine = Engine(load_config(root / "compaction.yaml"))
-    seconds, plans = [], None
+    seconds, cpu, plans = [], [], None
     for _ in range(1 + repeats):
-        began = time.perf_counter()
+        began, began_cpu = time.perf_counter(), time.process_time()
         plans = engine.plan(TABLE)
         seconds.append(time.perf_counter() - began)
+        cpu.append(time.process_time() - began_cpu)
     return {
         "cold_plan_s": seconds[0],
         "warm_plan_s": statistics.median(seconds[1:]),
         "warm_plan_runs": seconds[1:],
+        "cold_plan_cpu_s": cpu[0],
+        "warm_plan_cpu_s": statistics.median(cpu[1:]),
         "partitions_to_compact": len(plans.to_compact),
         "partitions": len(plans.partitions),
         "files": sum(p.stats.data_files for p in plans.partitions),
@@ -235,18 +238,20 @@ def _sensor_child(root: Path, repeats: int) -> dict:
     from compaction_assets.defs.sensors import evaluate_fragmentation
 
     config_path = root / "compaction.yaml"
-    seconds, cursor = [], None
+    seconds, cpu, cursor = [], [], None
     with DagsterInstance.ephemeral() as instance:
         for _ in range(1 + repeats):
             context = build_sensor_context(instance=instance, cursor=cursor)
-            began = time.perf_counter()
+            began, began_cpu = time.perf_counter(), time.process_time()
             result = evaluate_fragmentation(context, load_config(config_path), {TABLE: True})
             seconds.append(time.perf_counter() - began)
+            cpu.append(time.process_time() - began_cpu)
             cursor = result.cursor
     return {
         "first_tick_s": seconds[0],
         "tick_s": statistics.median(seconds[1:]),
         "tick_runs": seconds[1:],
+        "tick_cpu_s": statistics.median(cpu[1:]),
         "sensor_peak_rss_bytes": _peak_rss(),
     }
 
@@ -280,13 +285,16 @@ def measure(
     figures = {**built, **_in_child("plan", root, repeats), **_in_child("sensor", root, repeats)}
     MiB = 1024 * 1024
     log(
-        f"planning_{_short(files)}_s={figures['warm_plan_s']:.2f} (warm; cold {figures['cold_plan_s']:.2f}s; "
+        f"planning_{_short(files)}_s={figures['warm_plan_s']:.2f} (warm, median of {repeats}: "
+        f"{', '.join(f'{s:.2f}' for s in figures['warm_plan_runs'])}; CPU {figures['warm_plan_cpu_s']:.2f}s; "
+        f"cold {figures['cold_plan_s']:.2f}s, CPU {figures['cold_plan_cpu_s']:.2f}s; "
         f"{figures['files']} files, {figures['partitions']} partitions, {manifests} manifests, "
         f"{figures['partitions_to_compact']} to compact; plan process peak RSS "
         f"{figures['plan_peak_rss_bytes'] / MiB:.0f} MiB)"
     )
     log(
-        f"sensor_tick_{_short(files)}_s={figures['tick_s']:.3f} (unchanged table; first tick "
+        f"sensor_tick_{_short(files)}_s={figures['tick_s']:.3f} (unchanged table, median of {repeats}: "
+        f"{', '.join(f'{s:.3f}' for s in figures['tick_runs'])}; CPU {figures['tick_cpu_s']:.3f}s; first tick "
         f"{figures['first_tick_s']:.2f}s) sensor_peak_rss_mb={figures['sensor_peak_rss_bytes'] / MiB:.0f} "
         f"table_generation_s={built['generation_s']:.0f}"
     )
