@@ -345,6 +345,9 @@ def soak(minutes: float, seed: int, slots: int, workdir: str | None, update_read
 @click.option("--dataset", "names", multiple=True, type=click.Choice(["small", "tiny", "cdc"]), help="default: all")
 @click.option("--large-gib", default=2.0, show_default=True, help="size of the one-group memory run (0: skip)")
 @click.option("--tables", default=1000, show_default=True, help="tables in the sensor-tick scaling run (0: skip)")
+@click.option(
+    "--planning-files", default=200_000, show_default=True, help="files of the one-table planning run (0: skip)"
+)
 @click.option("--port", default=15102, show_default=True, help="port of the bench's own Spark Connect server")
 @click.option("--runs", default=3, show_default=True, help="cold and warm runs in the fixed-cost comparison (0: skip)")
 @click.option("--repeats", default=5, show_default=True, help="runs per contender per dataset (median reported)")
@@ -355,6 +358,7 @@ def bench(
     names: tuple[str, ...],
     large_gib: float,
     tables: int,
+    planning_files: int,
     port: int,
     runs: int,
     repeats: int,
@@ -368,8 +372,18 @@ def bench(
     from compaction_assets.bench.run import run_bench
 
     sets = [d for d in (SMALL, TINY, CDC) if not names or d.name in names]
-    root = Path(workdir) if workdir else None
-    report = run_bench(root, sets, click.echo, large_gib, tables, port, runs, repeats, drain_partitions)
+    report = run_bench(
+        Path(workdir) if workdir else None,
+        sets,
+        click.echo,
+        large_gib,
+        tables,
+        port,
+        runs,
+        repeats,
+        drain_partitions,
+        planning_files,
+    )
     if as_json:
         click.echo(report.to_json())
 

@@ -123,6 +123,19 @@ def test_unchanged_table_is_not_replanned_and_run_keys_are_stable(queued_lake, i
     assert events and all(r.run_key not in {x.run_key for x in first.run_requests} for r in events)
 
 
+def test_deferred_partition_of_an_unchanged_table_is_requested_without_replanning(queued_lake, instance):
+    first = tick(queued_lake, instance)
+    assert ("ns.flat", "") not in requested(first)  # deferred: the default queue was full
+
+    again = tick(queued_lake, instance, cursor=first.cursor)  # nothing changed; the queue has room now
+
+    assert set(requested(again)) == {("ns.flat", "")}
+    snapshot_id = queued_lake.table("ns.flat").current_snapshot().snapshot_id
+    assert requested(again)[("ns.flat", "")].run_key == f"ns.flat||{snapshot_id}"
+    assert again.asset_events == []  # no table was planned again
+    assert json.loads(again.cursor)["waiting"] == {}
+
+
 def test_full_queue_gets_no_new_requests(queued_lake, instance):
     for status in (DagsterRunStatus.STARTED, DagsterRunStatus.STARTING):  # the default queue's capacity: 2
         create_run_for_test(instance, job_name="x", status=status, tags={"compaction/queue": "default"})

@@ -21,7 +21,7 @@ import pyarrow.dataset as ds
 import yaml
 from pyiceberg.table import Table
 
-from compaction_assets.bench import cdc, contenders, datasets, drain, fixed_cost, planning_scale
+from compaction_assets.bench import cdc, contenders, datasets, drain, fixed_cost, plan_at_scale, planning_scale
 from compaction_assets.bench.datasets import Dataset
 from compaction_assets.config import load_config
 from compaction_assets.engine import Engine
@@ -238,6 +238,7 @@ def run_bench(
     runs: int,
     repeats: int,
     drain_partitions: int = 2000,
+    planning_files: int = 200_000,
 ) -> BenchReport:
     """Everything `compaction-assets bench` prints (its options document the defaults)."""
     root = Path(workdir or tempfile.mkdtemp(prefix="compaction-bench-"))
@@ -278,6 +279,8 @@ def run_bench(
             report.extras["planning"] = planning_scale.measure(config_path, tables, log=log)
         if drain_partitions:
             report.extras["drain"] = drain.measure(root / "data", drain_partitions, log=log)
+        if planning_files:
+            report.extras["plan_at_scale"] = plan_at_scale.measure(planning_files, log=log)
     finally:
         shutil.rmtree(root / "data", ignore_errors=True)
     for d in report.datasets:

@@ -10,7 +10,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from urllib.parse import urlparse
 
 from dagster import (
@@ -36,7 +36,7 @@ from dagster import (
 
 from compaction_assets.commit.ledger import OPEN
 from compaction_assets.commit.recovery import orphaned_because
-from compaction_assets.config import CompactionConfig
+from compaction_assets.config import CompactionConfig, TableRule
 from compaction_assets.defs.naming import (
     LOCATION_NAME,
     PARTITION_TAG,
@@ -57,9 +57,10 @@ from compaction_assets.errors import CompactionError
 from compaction_assets.execution import connect_server
 from compaction_assets.execution.spark import require_server
 from compaction_assets.lake.catalog import load_table, managed_tables, metadata_locations
-from compaction_assets.planning.scheduling import Batch, Candidate, decide
+from compaction_assets.planning.scheduling import Batch, Candidate, Decision, decide
 from compaction_assets.redact import redact
 
+SKIPS_LOGGED = 20  # per reason: a table of thousands of waiting partitions logs these and a count
 IN_PROGRESS = [
     DagsterRunStatus.QUEUED,
     DagsterRunStatus.NOT_STARTED,
@@ -83,20 +84,23 @@ def queue_load(instance: DagsterInstance) -> dict[str, tuple[int, int]]:
 @dataclass
 class FragmentationCursor:
     """Last seen version of each table and of compaction.yaml, and since when each deferred
-    partition has waited. A table is re-planned only when its metadata file (SQL catalogs: read
-    for all tables in one query) or snapshot changed, or the config did."""
+    partition has waited, with the benefit its plan had. A table is re-planned only when its
+    metadata file (SQL catalogs: read for all tables in one query) or snapshot changed, or the
+    config did; an unchanged table's deferred partitions are candidates again as they were
+    planned (a 200,000-file table is not re-planned every tick while its partitions queue)."""
 
     snapshots: dict[str, int | None] = field(default_factory=dict)
     waiting: dict[str, float] = field(default_factory=dict)  # "table|partition" -> epoch seconds
     versions: dict[str, str | None] = field(default_factory=dict)  # table -> metadata location
     config: str = ""  # fingerprint of the compaction.yaml last planned with
+    benefits: dict[str, float] = field(default_factory=dict)  # "table|partition" (waiting) -> plan benefit
 
     @staticmethod
     def parse(raw: str | None) -> "FragmentationCursor":
         return FragmentationCursor(**json.loads(raw)) if raw else FragmentationCursor()
 
     def dump(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        return json.dumps({f.name: getattr(self, f.name) for f in fields(self)}, sort_keys=True)
 
 
 def sync_pool_limits(instance: DagsterInstance, config: CompactionConfig) -> None:
@@ -135,12 +139,12 @@ def evaluate_fragmentation(
     tables: dict[str, bool],
     left_out: frozenset[str] = frozenset(),
 ) -> SensorResult:
-    engine = Engine(config)  # no Spark: the sensor only plans
+    fingerprint = hashlib.sha256(config.model_dump_json().encode()).hexdigest()[:16]
+    engine = _engine(config, fingerprint)
     sync_pool_limits(context.instance, config)
     cursor = FragmentationCursor.parse(context.cursor)
-    fingerprint = hashlib.sha256(config.model_dump_json().encode()).hexdigest()[:16]
     if cursor.config != fingerprint:  # a policy, priority or queue changed: look at every table again
-        cursor.snapshots, cursor.versions, cursor.config = {}, {}, fingerprint
+        cursor.snapshots, cursor.versions, cursor.benefits, cursor.config = {}, {}, {}, fingerprint
     locations = metadata_locations(engine.catalog)
     present = set(locations) if locations is not None else set(managed_tables(engine.catalog, config))
     present = {n for n in present if config.rule_for(n) is not None}
@@ -156,6 +160,9 @@ def evaluate_fragmentation(
     partition_requests: list = []
     observations: list[AssetObservation] = []
     unchanged, planned = [], []
+    waiting_of: dict[str, list[str]] = {}
+    for key in cursor.waiting:
+        waiting_of.setdefault(key.split("|", 1)[0], []).append(key)
     for name, partitioned in tables.items():
         rule = config.rule_for(name)
         if rule is None:
@@ -163,18 +170,22 @@ def evaluate_fragmentation(
             continue
         if name not in present:
             continue  # dropped: the reload above removes its asset
-        waiting = [k for k in cursor.waiting if k.startswith(f"{name}|")]
+        waiting = waiting_of.get(name, [])
+        replayable = all(k in cursor.benefits for k in waiting)  # each waiting partition's planned benefit is kept
+
         known = locations is not None and name in cursor.versions
-        if known and cursor.versions[name] == locations.get(name) and not waiting:
+        if known and cursor.versions[name] == locations.get(name) and replayable:
             unchanged.append(name)
+            candidates.extend(_deferred(cursor, name, rule, waiting, cursor.snapshots.get(name)))
             continue
         try:
             table = load_table(engine.catalog, name)
             snapshot = table.current_snapshot()
             snapshot_id = snapshot.snapshot_id if snapshot else None
-            if name in cursor.snapshots and cursor.snapshots[name] == snapshot_id and not waiting:
+            if name in cursor.snapshots and cursor.snapshots[name] == snapshot_id and replayable:
                 cursor.versions[name] = table.metadata_location
                 unchanged.append(name)
+                candidates.extend(_deferred(cursor, name, rule, waiting, snapshot_id))
                 continue
             tplan = engine.plan_for(table, name)
         except CompactionError as exc:
@@ -214,11 +225,13 @@ def evaluate_fragmentation(
         for key in waiting:
             if key.split("|", 1)[1] not in worth:
                 del cursor.waiting[key]
+                cursor.benefits.pop(key, None)
         for plan in tplan.partitions:
             if not plan.worth_compacting:
                 context.log.debug(f"{name} [{plan.partition_key or '-'}]: nothing to do: {plan.reason}")
         for key, plan in worth.items():
             since = cursor.waiting.setdefault(f"{name}|{key}", now)
+            cursor.benefits[f"{name}|{key}"] = plan.benefit
             candidates.append(Candidate(name, key, rule.queue, rule.priority, plan.benefit, since, snapshot_id))
         cursor.snapshots[name] = snapshot_id
         cursor.versions[name] = table.metadata_location
@@ -231,7 +244,7 @@ def evaluate_fragmentation(
         return SensorResult(
             dynamic_partitions_requests=partition_requests,
             asset_events=observations,
-            cursor=cursor.dump(),  # they stay in `waiting`, so the next tick plans them again
+            cursor=cursor.dump(),  # they stay in `waiting`: candidates again on the next tick
             skip_reason=SkipReason(summary),
         )
     capacities = {q.name: q.capacity for q in config.queues}
@@ -245,17 +258,24 @@ def evaluate_fragmentation(
         config.scheduling.max_partitions_per_run,
         orders,
     )
+    skipped: Counter[str] = Counter()  # reason -> partitions skipped for it (not in progress)
     for d in decisions:
         c = d.candidate
-        where = f"{c.table_name} [{c.partition_key or '-'}] (queue {c.queue}, priority {d.priority})"
         if d.requested or "already queued" in d.reason:
             cursor.waiting.pop(f"{c.table_name}|{c.partition_key}", None)
+            cursor.benefits.pop(f"{c.table_name}|{c.partition_key}", None)
         if d.requested:
-            context.log.debug(f"request {where} in run {d.batch}: benefit {c.benefit:.2f} files/MiB")
+            context.log.debug(f"request {_where(d)} in run {d.batch}: benefit {c.benefit:.2f} files/MiB")
+        elif run_id := in_flight.get((c.table_name, c.partition_key)):
+            context.log.info(f"skip {_where(d)}: already in progress (run {run_id})")
         else:
-            run_id = in_flight.get((c.table_name, c.partition_key))
-            context.log.info(f"skip {where}: " + (f"already in progress (run {run_id})" if run_id else d.reason))
+            skipped[d.reason] += 1
+            if skipped[d.reason] <= SKIPS_LOGGED:
+                context.log.info(f"skip {_where(d)}: {d.reason}")
     run_requests = [_run_request(b, context.log) for b in batches]
+    for reason, count in skipped.items():
+        if count > SKIPS_LOGGED:
+            context.log.info(f"skip {count - SKIPS_LOGGED} more partition(s), lower in priority: {reason}")
     summary = (
         f"evaluated {len(tables)} table(s): {len(planned)} planned, {len(unchanged)} unchanged; "
         f"{len(candidates)} partition(s) worth compacting, {sum(d.requested for d in decisions)} requested in "
@@ -314,6 +334,38 @@ def runs_in_flight(instance: DagsterInstance, runs: Sequence[DagsterRun]) -> dic
         if start in order and end in order:
             in_flight.update(((table, k), run.run_id) for k in order[order.index(start) : order.index(end) + 1])
     return in_flight
+
+
+_engines: dict[str, Engine] = {}
+_engines_lock = threading.Lock()
+
+
+def _engine(config: CompactionConfig, fingerprint: str) -> Engine:
+    """The sensor's Engine for this config, made once per process (opening the catalog and the
+    ledger costs a tick tens of milliseconds). No Spark: the sensor only plans."""
+    with _engines_lock:
+        engine = _engines.get(fingerprint)
+        if engine is None:
+            _engines.clear()  # a changed config replaces the one before it
+            engine = _engines[fingerprint] = Engine(config)
+        return engine
+
+
+def _where(d: Decision) -> str:
+    c = d.candidate
+    return f"{c.table_name} [{c.partition_key or '-'}] (queue {c.queue}, priority {d.priority})"
+
+
+def _deferred(
+    cursor: FragmentationCursor, name: str, rule: TableRule, waiting: list[str], snapshot_id: int | None
+) -> list[Candidate]:
+    """The waiting partitions of an unchanged table, candidates again as they were planned."""
+    return [
+        Candidate(
+            name, k.split("|", 1)[1], rule.queue, rule.priority, cursor.benefits[k], cursor.waiting[k], snapshot_id
+        )
+        for k in waiting
+    ]
 
 
 def _spark_down(config: CompactionConfig) -> str | None:

@@ -20,7 +20,7 @@ import io
 import json
 import os
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pyiceberg.avro.decoder import new_decoder
 from pyiceberg.avro.encoder import BinaryEncoder
@@ -65,6 +65,8 @@ class ManifestContents:
     entries: tuple[ManifestEntry, ...]
     header: dict[str, str] | None
     data_file_bytes: tuple[bytes, ...]
+    # what readers derive from the entries, kept with them (lake.files: LiveFiles per context)
+    derived: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def restatable(self) -> bool:

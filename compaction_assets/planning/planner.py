@@ -132,6 +132,8 @@ class DeleteMap:
 
     def distinct(self, data_paths: Iterable[str]) -> list[FileStat]:
         """The delete files applying to any of `data_paths`, each once, by path."""
+        if not self.by_data:
+            return []
         lists = {id(t): t for t in map(self.for_data, data_paths)}  # data files share delete lists
         found = {d.path: d for t in lists.values() for d in t}
         return [found[k] for k in sorted(found)]
@@ -242,19 +244,22 @@ def partition_stats(
     records = sum(f.record_count for f in data)
     applying = deletes.distinct(f.path for f in data)
     deleted = sum(d.record_count for d in applying)
+    sizes = [f.size for f in data]
+    fragment_max, undersized_below = policy.fragment_max_bytes, policy.undersized_below_bytes
+    with_deletes = deletes.by_data
     return PartitionStats(
         partition_key=partition_key,
         data_files=len(data),
-        data_bytes=sum(f.size for f in data),
+        data_bytes=sum(sizes),
         records=records,
-        fragments=sum(f.size <= policy.fragment_max_bytes for f in data),
-        undersized=sum(f.size < policy.undersized_below_bytes for f in data),
+        fragments=sum(size <= fragment_max for size in sizes),
+        undersized=sum(size < undersized_below for size in sizes),
         delete_files=len(files) - len(data),
         last_write_ms=max((f.added_at_ms for f in files), default=0),
         spec_ids=tuple(sorted({f.spec_id for f in data})),
         position_delete_files=sum(_is_position(d) for d in applying),
         equality_delete_files=sum(not _is_position(d) for d in applying),
-        data_files_with_deletes=sum(bool(deletes.for_data(f.path)) for f in data),
+        data_files_with_deletes=sum(f.path in with_deletes for f in data) if with_deletes else 0,
         deleted_rows=deleted,
         delete_ratio=min(1.0, deleted / records) if records else 0.0,
         read_amplification=read_amplification(records, deleted),
@@ -335,9 +340,10 @@ def _plan_rewrite(
     """A data rewrite (delete triggers first, then file size), or why there is none."""
     data = [f for f in files if not f.is_delete]
     candidates = [f for f in data if f.spec_id == current_spec_id and f.path not in in_flight]
-    fragments = [f for f in candidates if f.size <= policy.fragment_max_bytes]
-    undersized = [f for f in candidates if f.size < policy.undersized_below_bytes]
-    with_deletes = [f for f in candidates if deletes.for_data(f.path)]
+    fragment_max, undersized_below = policy.fragment_max_bytes, policy.undersized_below_bytes
+    fragments = [f for f in candidates if f.size <= fragment_max]
+    undersized = [f for f in candidates if f.size < undersized_below]
+    with_deletes = [f for f in candidates if f.path in deletes.by_data] if deletes.by_data else []
     by_count = [f for f in with_deletes if len(deletes.for_data(f.path)) >= policy.delete_file_threshold]
     by_ratio = with_deletes if stats.delete_ratio >= policy.delete_ratio_threshold else []
     triggers = []
@@ -368,7 +374,7 @@ def _plan_rewrite(
     if not bins:
         return f"{kind} candidates do not pack into any group of 2+ files or a file with deletes"
     groups = tuple(_to_group(b, policy) for b in bins)
-    if applied := sum(bool(deletes.for_data(p)) for g in groups for p in g.paths):
+    if deletes.by_data and (applied := sum(p in deletes.by_data for g in groups for p in g.paths)):
         why += f"; {applied} file(s) get their deletes applied"
     plan = PartitionPlan(stats, kind, groups, reason=f"{kind}: {why}")
     rewritten = {p for g in groups for p in g.paths}
