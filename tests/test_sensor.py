@@ -124,6 +124,7 @@ def test_unchanged_table_is_not_replanned_and_run_keys_are_stable(queued_lake, i
 
 
 def test_deferred_partition_of_an_unchanged_table_is_requested_without_replanning(queued_lake, instance):
+    set_scheduling(queued_lake, max_partitions_per_run=1)  # a run per partition fills the default queue
     first = tick(queued_lake, instance)
     assert ("ns.flat", "") not in requested(first)  # deferred: the default queue was full
 
