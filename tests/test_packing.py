@@ -1,5 +1,6 @@
-"""Which groups share a Spark task: Polars groups packed by bytes (LPT), every other group alone;
-and a compaction whose groups share one task keeps every partition's rows."""
+"""Which groups share a Spark task: Polars groups of local files packed by bytes (LPT), every other
+group alone (Polars groups on object storage too); and a compaction whose groups share one task
+keeps every partition's rows."""
 
 from compaction_assets.engine import Engine
 from compaction_assets.execution.packing import pack_tasks
@@ -54,4 +55,18 @@ def test_groups_sharing_a_task_each_commit_their_own_partition(lake):
     ]
     table = lake.table("ns.packed")
     assert rows_digest(table) == before
+    # one run, one breakdown: its busiest task's group rewrites fit inside the Spark job
+    phases = outcomes[0].phases
+    assert all(o.phases is phases for o in outcomes)
+    assert set(phases) == {"plan", "begin", "rewrite", "workers", "commit"}
+    assert 0 < phases["workers"] <= phases["rewrite"] and phases["plan"] > 0 and phases["commit"] > 0
     assert sorted(f["partition"]["region"] for f in table.inspect.files().to_pylist()) == ["asia", "eu", "us"]
+
+
+def test_polars_groups_on_object_storage_keep_a_task_each(s3_lake):
+    create_fragmented(s3_lake, "ns.remote", {"eu": 10, "us": 10})
+
+    job = _job(s3_lake.engine, "ns.remote")
+
+    assert [g.polars for g in job.groups] == [True, True]
+    assert sorted(job.tasks) == [[0], [1]]
