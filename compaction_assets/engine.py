@@ -180,8 +180,11 @@ class Engine:
                 "plan": plan_done - started,
                 "begin": planned - plan_done,
                 "rewrite": rewritten - planned,
-                "workers": _critical_path(job.tasks, results),
             }
+            task_seconds = _task_seconds(job.tasks, results)
+            phases.update(
+                tasks=len(task_seconds), workers=max(task_seconds, default=0.0), workers_total=sum(task_seconds)
+            )
             finished = [self._prepare(table, item, [results[i] for i in item.groups]) for item in work]
             finished += [self._prepare_tier(table, item, tier_results[i]) for i, item in enumerate(tiers)]
             self._commit(table, list(zip([*work, *tiers], finished, strict=True)))
@@ -521,20 +524,26 @@ class Engine:
 
 def describe_phases(phases: dict[str, float]) -> str:
     """Where a compaction's seconds went: planning (table, manifests, planner), beginning the
-    attempts and building the job (ledger rows, Polars checks), the Spark job (of which the busiest
-    task spent `workers` inside group rewrites; the rest is dispatch, worker hand-off and results),
-    and the two-phase commit (precommit, validation, manifests, catalog commit, sweep)."""
-    rewrite, workers = phases.get("rewrite", 0.0), phases.get("workers", 0.0)
+    attempts and building the job (ledger rows, Polars checks), the Spark job, and the two-phase
+    commit (precommit, validation, manifests, catalog commit, sweep). Of the Spark job: the seconds
+    its tasks spent inside group rewrites, the busiest task's and all tasks' (run by as many at once
+    as there are task slots); with one task, the rest of the job is Spark's share (dispatch, worker
+    hand-off, results)."""
+    rewrite, busiest, tasks = phases.get("rewrite", 0.0), phases.get("workers", 0.0), int(phases.get("tasks", 0))
+    if tasks == 1:
+        inside = f"groups {busiest:.2f}s, spark {rewrite - busiest:.2f}s"
+    else:
+        inside = f"{tasks} tasks, groups {busiest:.2f}s in the busiest, {phases.get('workers_total', 0.0):.2f}s in all"
     return (
         f"plan {phases.get('plan', 0.0):.2f}s, begin {phases.get('begin', 0.0):.2f}s, rewrite {rewrite:.2f}s "
-        f"(groups {workers:.2f}s, spark {rewrite - workers:.2f}s), commit {phases.get('commit', 0.0):.2f}s"
+        f"({inside}), commit {phases.get('commit', 0.0):.2f}s"
     )
 
 
-def _critical_path(tasks: list[list[int]], results: list[GroupOutcome]) -> float:
-    """Seconds the busiest Spark task spent rewriting its groups (one after the other)."""
+def _task_seconds(tasks: list[list[int]], results: list[GroupOutcome]) -> list[float]:
+    """Seconds each Spark task spent rewriting its groups (one after the other)."""
     seconds = {r.group: r.seconds for r in results}
-    return max((sum(seconds.get(g, 0.0) for g in task) for task in tasks), default=0.0)
+    return [sum(seconds.get(g, 0.0) for g in task) for task in tasks]
 
 
 def _begun_outcome(attempt: Attempt, plan: PartitionPlan, **figures: int | str) -> PartitionOutcome:
