@@ -26,6 +26,7 @@ from compaction_assets.errors import BackOff, CompactionError
 from compaction_assets.execution import polars_rewrite
 from compaction_assets.execution.delete_tiers import TierJob, TierOutcome, TierRun, run_tiers
 from compaction_assets.execution.packing import pack_tasks
+from compaction_assets.execution.polars_storage import S3_SCHEMES
 from compaction_assets.execution.rewrite import run_rewrite
 from compaction_assets.execution.spark import spark_session
 from compaction_assets.execution.worker import DeleteSpec, GroupOutcome, GroupSpec, RewriteJob, SourceFile
@@ -86,6 +87,8 @@ class PartitionOutcome:
     seconds: float = 0.0
     peak_worker_rss: int = 0  # bytes, the largest of its groups' Spark Python workers
     engine: str = ""  # how its groups were rewritten: polars, arrow or polars+arrow
+    # seconds of the compaction run it was part of, per phase (see describe_phases); shared by its outcomes
+    phases: dict[str, float] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -152,6 +155,7 @@ class Engine:
         started = time.monotonic()
         table = load_table(self.catalog, table_name)
         tplan, files = self._plan(table, table_name, partition, partitions)
+        plan_done = time.monotonic()
         outcomes = [_skipped(table_name, p) for p in tplan.partitions if not p.worth_compacting]
         todo = tplan.to_compact
         if not todo:
@@ -180,12 +184,23 @@ class Engine:
                 raise CompactionError(f"{table_name}: rewrite job failed: {message}") from exc
             crash_point("after_rewrite")
             rewritten = time.monotonic()
+            phases = {
+                "plan": plan_done - started,
+                "begin": planned - plan_done,
+                "rewrite": rewritten - planned,
+            }
+            task_seconds = _task_seconds(job.tasks, results)
+            phases.update(
+                tasks=len(task_seconds), workers=max(task_seconds, default=0.0), workers_total=sum(task_seconds)
+            )
             finished = [self._prepare(table, item, [results[i] for i in item.groups]) for item in work]
             finished += [self._prepare_tier(table, item, tier_results[i]) for i, item in enumerate(tiers)]
             self._commit(table, list(zip([*work, *tiers], finished, strict=True)))
             seconds = time.monotonic() - started
+            phases["commit"] = time.monotonic() - rewritten
             for outcome in finished:
                 outcome.seconds = seconds
+                outcome.phases = phases
                 if outcome.status == "committed":
                     log.info(
                         "%s [%s]: committed snapshot %s: %s in %.1fs (%s)",
@@ -197,13 +212,11 @@ class Engine:
                         outcome.engine,
                     )
             log.info(
-                "%s: %d group(s), %d tier job(s): planned in %.2fs, rewritten in %.2fs, committed in %.2fs",
+                "%s: %d group(s), %d tier job(s): %s",
                 table_name,
                 len(job.groups),
                 len(tier_run.jobs),
-                planned - started,
-                rewritten - planned,
-                time.monotonic() - rewritten,
+                describe_phases(phases),
             )
             outcomes.extend(finished)
         return outcomes
@@ -424,7 +437,7 @@ class Engine:
             io_properties=dict(table.io.properties),
             target_file_size_bytes=tplan.policy.target_file_size_bytes,
             groups=groups,
-            tasks=pack_tasks(sizes, [g.polars for g in groups], self.config.spark.task_bytes),
+            tasks=pack_tasks(sizes, [g.polars and not _remote(g) for g in groups], self.config.spark.task_bytes),
             sort_columns=sort_columns,
         )
 
@@ -522,6 +535,30 @@ class Engine:
                 outcome.snapshot_id = result.committed_snapshot_id
 
 
+def describe_phases(phases: dict[str, float]) -> str:
+    """Where a compaction's seconds went: planning (table, manifests, planner), beginning the
+    attempts and building the job (ledger rows, Polars checks), the Spark job, and the two-phase
+    commit (precommit, validation, manifests, catalog commit, sweep). Of the Spark job: the seconds
+    its tasks spent inside group rewrites, the busiest task's and all tasks' (run by as many at once
+    as there are task slots); with one task, the rest of the job is Spark's share (dispatch, worker
+    hand-off, results)."""
+    rewrite, busiest, tasks = phases.get("rewrite", 0.0), phases.get("workers", 0.0), int(phases.get("tasks", 0))
+    if tasks == 1:
+        inside = f"groups {busiest:.2f}s, spark {rewrite - busiest:.2f}s"
+    else:
+        inside = f"{tasks} tasks, groups {busiest:.2f}s in the busiest, {phases.get('workers_total', 0.0):.2f}s in all"
+    return (
+        f"plan {phases.get('plan', 0.0):.2f}s, begin {phases.get('begin', 0.0):.2f}s, rewrite {rewrite:.2f}s "
+        f"({inside}), commit {phases.get('commit', 0.0):.2f}s"
+    )
+
+
+def _task_seconds(tasks: list[list[int]], results: list[GroupOutcome]) -> list[float]:
+    """Seconds each Spark task spent rewriting its groups (one after the other)."""
+    seconds = {r.group: r.seconds for r in results}
+    return [sum(seconds.get(g, 0.0) for g in task) for task in tasks]
+
+
 def _begun_outcome(attempt: Attempt, plan: PartitionPlan, **figures: int | str) -> PartitionOutcome:
     """A begun attempt's outcome, "failed" until it is prepared, with its plan's figures."""
     return PartitionOutcome(
@@ -586,6 +623,11 @@ def _task_id(task_id: str | None, partitions: int, plan: PartitionPlan) -> str:
     if task_id is None:
         return uuid.uuid4().hex
     return task_id if partitions == 1 else f"{task_id}:{plan.partition_key}"
+
+
+def _remote(group: GroupSpec) -> bool:
+    """A group whose files are on object storage (see execution/packing: it keeps a task of its own)."""
+    return group.output_dir.startswith(S3_SCHEMES) or group.sources[0].path.startswith(S3_SCHEMES)
 
 
 def _slim_metadata_json(table: Table) -> str:

@@ -4,7 +4,8 @@ each repeat, keeps the rows, and the report carries the medians and every run.""
 from __future__ import annotations
 
 from compaction_assets.bench.datasets import Dataset
-from compaction_assets.bench.run import NAMESPACE, bench_config, compare
+from compaction_assets.bench.run import NAMESPACE, TARGET, bench_config, compare
+from compaction_assets.bench.s3_dataset import compare_s3
 from compaction_assets.config import load_config
 from compaction_assets.engine import Engine
 
@@ -33,3 +34,17 @@ def test_compare_runs_every_contender_on_fresh_tables(tmp_path, spark):
         assert len(table.inspect.files()) == 1
     assert sum("run " in line for line in lines) == 2
     engine.ledger.dispose()
+
+
+def test_the_s3_dataset_runs_every_contender_through_the_server(tmp_path, spark):
+    lines: list[str] = []
+
+    bytes_in, timed = compare_s3(spark, tmp_path, lines.append, 1, TARGET, Dataset("s3mini", 6, 300))
+
+    assert set(timed) == {"ours", "delta-rs", "pyarrow 1 thread"}
+    results = [r for runs in timed.values() for r in runs]
+    assert all(r.rows_identical and r.bytes_in == bytes_in > 0 for r in results)
+    assert all((r.files_before, r.files_after) == (6, 1) for r in results)
+    ours = timed["ours"][0]
+    assert ours.phases["rewrite"] > 0
+    assert any(line.startswith("[s3] run 1/1: ours") for line in lines)

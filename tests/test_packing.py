@@ -1,7 +1,8 @@
-"""Which groups share a Spark task: Polars groups packed by bytes (LPT), every other group alone;
-and a compaction whose groups share one task keeps every partition's rows."""
+"""Which groups share a Spark task: Polars groups of local files packed by bytes (LPT), every other
+group alone (Polars groups on object storage too); and a compaction whose groups share one task
+keeps every partition's rows."""
 
-from compaction_assets.engine import Engine
+from compaction_assets.engine import Engine, describe_phases
 from compaction_assets.execution.packing import pack_tasks
 from compaction_assets.lake.digest import rows_digest
 from tests.conftest import create_fragmented
@@ -54,4 +55,20 @@ def test_groups_sharing_a_task_each_commit_their_own_partition(lake):
     ]
     table = lake.table("ns.packed")
     assert rows_digest(table) == before
+    # one run, one breakdown: its busiest task's group rewrites fit inside the Spark job
+    phases = outcomes[0].phases
+    assert all(o.phases is phases for o in outcomes)
+    assert set(phases) == {"plan", "begin", "rewrite", "tasks", "workers", "workers_total", "commit"}
+    assert phases["tasks"] == 1 and 0 < phases["workers"] == phases["workers_total"] <= phases["rewrite"]
+    assert phases["plan"] > 0 and phases["commit"] > 0
+    assert "spark" in describe_phases(phases)
     assert sorted(f["partition"]["region"] for f in table.inspect.files().to_pylist()) == ["asia", "eu", "us"]
+
+
+def test_polars_groups_on_object_storage_keep_a_task_each(s3_lake):
+    create_fragmented(s3_lake, "ns.remote", {"eu": 10, "us": 10})
+
+    job = _job(s3_lake.engine, "ns.remote")
+
+    assert [g.polars for g in job.groups] == [True, True]
+    assert sorted(job.tasks) == [[0], [1]]

@@ -21,10 +21,19 @@ import pyarrow.dataset as ds
 import yaml
 from pyiceberg.table import Table
 
-from compaction_assets.bench import cdc, contenders, datasets, drain, fixed_cost, plan_at_scale, planning_scale
+from compaction_assets.bench import (
+    cdc,
+    contenders,
+    datasets,
+    drain,
+    fixed_cost,
+    plan_at_scale,
+    planning_scale,
+    s3_dataset,
+)
 from compaction_assets.bench.datasets import Dataset
 from compaction_assets.config import load_config
-from compaction_assets.engine import Engine
+from compaction_assets.engine import Engine, describe_phases
 from compaction_assets.execution.spark import spark_session
 from compaction_assets.lake.digest import batches_digest, rows_digest
 
@@ -148,6 +157,8 @@ def log_results(report: DatasetReport, log: Callable[[str], None]) -> None:
             f"({result.rss_of})  rows {'identical' if result.rows_identical else 'DIFFERENT'}"
             + (f"  median of {len(result.runs)}" if len(result.runs) > 1 else "")
         )
+        if result.phases:
+            log(f"[{report.dataset}] {result.contender:<16} median split: {describe_phases(result.phases)}")
 
 
 def median_results(timed: dict[str, list[contenders.Result]]) -> list[contenders.Result]:
@@ -259,12 +270,15 @@ def run_bench(
     log(f"warm-up compaction (starts the Spark Python workers, as a long-lived session has) {report.warmup_s:.1f}s")
     try:
         for dataset in sets:
-            if dataset.name == cdc.CDC.name:
-                bytes_in, timed = cdc.compare_cdc(engine, root, log, repeats, TARGET)
-                cdc_report = DatasetReport(dataset.name, dataset.files, dataset.rows, bytes_in)
-                cdc_report.results.extend(median_results(timed))
-                log_results(cdc_report, log)
-                report.datasets.append(cdc_report)
+            if dataset.name in (cdc.CDC.name, s3_dataset.S3.name):
+                if dataset.name == cdc.CDC.name:
+                    bytes_in, timed = cdc.compare_cdc(engine, root, log, repeats, TARGET)
+                else:
+                    bytes_in, timed = s3_dataset.compare_s3(spark, root, log, repeats, TARGET)
+                own_report = DatasetReport(dataset.name, dataset.files, dataset.rows, bytes_in)
+                own_report.results.extend(median_results(timed))
+                log_results(own_report, log)
+                report.datasets.append(own_report)
             else:
                 report.datasets.append(compare(engine, spark, root, dataset, log, repeats))
             shutil.rmtree(root / "data" / dataset.name, ignore_errors=True)

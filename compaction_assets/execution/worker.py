@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +40,7 @@ MiB = 1024 * 1024
 MAX_BUFFER_BYTES = 32 * MiB  # Arrow bytes buffered before a row group is written
 RESULT_SCHEMA = (
     "group INT, data_files STRING, error STRING, rows_read BIGINT, bytes_read BIGINT, peak_rss BIGINT, engine STRING, "
-    "rows_deleted BIGINT"
+    "rows_deleted BIGINT, seconds DOUBLE"
 )
 
 
@@ -119,6 +120,7 @@ class GroupOutcome:
     peak_rss: int = 0  # the worker process's peak resident bytes while rewriting the group
     engine: str = "arrow"  # polars (whole group in Polars) | arrow (pyarrow, per-file projection where needed)
     rows_deleted: int = 0  # rows of rows_read that deletes removed (rows written = rows_read - rows_deleted)
+    seconds: float = 0.0  # spent in rewrite_group (the rest of a Spark job is dispatch and hand-off)
 
 
 def rewrite_partition_batches(job_json: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -127,7 +129,9 @@ def rewrite_partition_batches(job_json: str, batches: Iterator[pa.RecordBatch]) 
     job = RewriteJob.from_json(job_json)
     for batch in batches:
         for index in (g for task in batch.column(0).to_pylist() for g in job.tasks[task]):
+            started = time.perf_counter()
             outcome = rewrite_group(job, index)
+            seconds = time.perf_counter() - started
             yield pa.RecordBatch.from_pylist(
                 [
                     {
@@ -139,6 +143,7 @@ def rewrite_partition_batches(job_json: str, batches: Iterator[pa.RecordBatch]) 
                         "peak_rss": outcome.peak_rss,
                         "engine": outcome.engine,
                         "rows_deleted": outcome.rows_deleted,
+                        "seconds": seconds,
                     }
                 ],
                 schema=_RESULT_ARROW_SCHEMA,
@@ -155,6 +160,7 @@ _RESULT_ARROW_SCHEMA = pa.schema(
         ("peak_rss", pa.int64()),
         ("engine", pa.string()),
         ("rows_deleted", pa.int64()),
+        ("seconds", pa.float64()),
     ]
 )
 
@@ -169,6 +175,7 @@ def outcome_from_row(row: dict) -> GroupOutcome:
         peak_rss=row["peak_rss"],
         engine=row["engine"],
         rows_deleted=row["rows_deleted"],
+        seconds=row["seconds"],
     )
 
 
