@@ -342,7 +342,13 @@ def soak(minutes: float, seed: int, slots: int, workdir: str | None, update_read
 
 
 @main.command()
-@click.option("--dataset", "names", multiple=True, type=click.Choice(["small", "tiny", "cdc"]), help="default: all")
+@click.option(
+    "--dataset",
+    "names",
+    multiple=True,
+    type=click.Choice(["small", "tiny", "typed", "wide", "cdc"]),
+    help="default: all",
+)
 @click.option("--large-gib", default=2.0, show_default=True, help="size of the one-group memory run (0: skip)")
 @click.option("--tables", default=1000, show_default=True, help="tables in the sensor-tick scaling run (0: skip)")
 @click.option("--port", default=15102, show_default=True, help="port of the bench's own Spark Connect server")
@@ -362,10 +368,10 @@ def bench(
 ) -> None:
     """Ours vs delta-rs vs pyarrow vs Spark on the same data; memory, fixed cost, planning scale."""
     from compaction_assets.bench.cdc import CDC
-    from compaction_assets.bench.datasets import SMALL, TINY
+    from compaction_assets.bench.datasets import SMALL, TINY, TYPED, WIDE
     from compaction_assets.bench.run import run_bench
 
-    sets = [d for d in (SMALL, TINY, CDC) if not names or d.name in names]
+    sets = [d for d in (SMALL, TINY, TYPED, WIDE, CDC) if not names or d.name in names]
     report = run_bench(Path(workdir) if workdir else None, sets, click.echo, large_gib, tables, port, runs, repeats)
     if as_json:
         click.echo(report.to_json())

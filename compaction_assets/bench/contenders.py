@@ -36,6 +36,7 @@ class Result:
     rss_of: str
     rows_identical: bool
     runs: list[float] = field(default_factory=list)  # every run's seconds, when repeated
+    path: str = ""  # ours: the rewrite paths (engines) that ran, e.g. polars, arrow, polars+arrow
 
     @property
     def mb_per_s(self) -> float:
@@ -53,7 +54,15 @@ def ours(engine: Engine, table_name: str, expected: RowsDigest, bytes_in: int, f
     table = load_table(engine.catalog, table_name)
     after = len(table.inspect.files())
     rss = max(o.peak_worker_rss for o in outcomes)
-    return Result("ours", seconds, bytes_in, files, after, rss, "spark python worker", rows_digest(table) == expected)
+    identical = rows_digest(table) == expected
+    return Result(
+        "ours", seconds, bytes_in, files, after, rss, "spark python worker", identical, path=engines(outcomes)
+    )
+
+
+def engines(outcomes: list) -> str:
+    """The rewrite paths that ran over `outcomes` (PartitionOutcome.engine), joined with '+'."""
+    return "+".join(sorted({e for o in outcomes for e in o.engine.split("+") if e}, reverse=True))
 
 
 def deltars(uri: str, target_bytes: int, expected: RowsDigest, bytes_in: int, files: int) -> Result:

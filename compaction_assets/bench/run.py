@@ -45,6 +45,11 @@ class DatasetReport:
         return next((r.seconds for r in self.results if r.contender == contender), None)
 
     @property
+    def path(self) -> str:
+        """The rewrite paths our median run took."""
+        return next((r.path for r in self.results if r.contender == "ours"), "")
+
+    @property
     def ratio_vs_deltars(self) -> float | None:
         """None where delta-rs does not take part (it has no merge-on-read deletes to apply)."""
         theirs = self.seconds("delta-rs")
@@ -310,6 +315,7 @@ def run_bench(
             f"dataset={d.dataset} "
             + (f"ratio_vs_deltars={ratio:.3f} " if ratio is not None else "")
             + f"share_of_2x_pyarrow={d.share_of_two_pyarrow_cores:.3f}"
+            + (f" path={d.path}" if d.path else "")
         )
     return report
 

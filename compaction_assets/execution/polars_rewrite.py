@@ -3,14 +3,15 @@
 Polars (Rust) decodes and encodes on all cores with no Python per batch or per file, which is
 what thousands of tiny files and CPU-bound re-encoding need. It reads columns by name, so a group
 is handed to it only when reading by name is reading by Iceberg field id:
-- every column name in the table's schema history has always had one field id, and the first
+- every column name (nested ones too) in the table's schema history has always had one field id, and the first
   source file's columns are the table's columns (same ids, order and Arrow types: the projection
   pyiceberg would apply is a pure relabel, see SourceReader.relabel_target);
 - Polars itself refuses any file with a missing, extra or differently typed column
   (`missing_columns` / `extra_columns` = "raise", no casts), so an older file of an evolved table
   fails the scan, and the group then goes through the per-file projecting path;
-- flat columns of types Polars writes exactly as pyiceberg does, no sort order, and no Parquet
-  table property Polars cannot honour;
+- columns of types Polars writes with the Parquet types and field ids pyiceberg's writer gives
+  them (primitives, decimals, UTC or local microsecond timestamps, lists, structs, maps; not
+  uuid, fixed or time), no sort order, and no Parquet table property Polars cannot honour;
 - files Polars reaches itself (execution/polars_storage.py): local files, or all on S3 with FileIO
   properties that translate to object_store's options (no role to assume, no remote signer);
 - small source files (average <= 8 MiB): the regime where per-file cost dominates and Polars wins
@@ -62,38 +63,59 @@ _CODECS = {"uncompressed": "uncompressed", "snappy": "snappy", "gzip": "gzip", "
 
 
 def names_are_ids(metadata: TableMetadata) -> bool:
-    """True if no column name ever meant two field ids in the table's schema history."""
+    """True if no column name, nested ones included (`a.b`), ever meant two field ids in the
+    table's schema history."""
     ids: dict[str, int] = {}
     for schema in metadata.schemas:
-        for column in schema.columns:
-            if ids.setdefault(column.name, column.field_id) != column.field_id:
+        for name, field_id in schema._name_to_id.items():
+            if ids.setdefault(name, field_id) != field_id:
                 return False
     return True
 
 
 def polars_schema(target: pa.Schema) -> pa.Schema | None:
-    """`target` as Polars can write it (large string/binary), or None if a type is not one we allow."""
+    """`target` as Polars can write it (large strings, binaries and lists), or None if a type is
+    not one Polars writes as pyiceberg does."""
     fields = []
     for f in target:
-        t = f.type
-        if pa.types.is_string(t) or pa.types.is_large_string(t):
-            t = pa.large_string()
-        elif pa.types.is_binary(t) or pa.types.is_large_binary(t):
-            t = pa.large_binary()
-        elif pa.types.is_timestamp(t):
-            if t.unit != "us" or t.tz not in (None, "UTC", "+00:00"):
-                return None
-        elif not (
-            pa.types.is_boolean(t)
-            or pa.types.is_int32(t)
-            or pa.types.is_int64(t)
-            or pa.types.is_float32(t)
-            or pa.types.is_float64(t)
-            or pa.types.is_date32(t)
-        ):
+        t = _polars_type(f.type)
+        if t is None:
             return None
         fields.append(f.with_type(t))
     return pa.schema(fields)
+
+
+def _polars_type(t: pa.DataType) -> pa.DataType | None:
+    """The Arrow type Polars writes for `t`; None where Polars cannot write it with the same
+    Parquet type and field ids (uuid, fixed, time, nanosecond or non-UTC timestamps)."""
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return pa.large_string()
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return pa.large_binary()
+    if pa.types.is_timestamp(t):
+        return t if t.unit == "us" and t.tz in (None, "UTC", "+00:00") else None
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        child = _polars_type(t.value_type)
+        return None if child is None else pa.large_list(t.value_field.with_type(child))
+    if pa.types.is_struct(t):
+        children = [t.field(k) for k in range(t.num_fields)]
+        types = [_polars_type(c.type) for c in children]
+        return None if None in types else pa.struct([c.with_type(x) for c, x in zip(children, types, strict=True)])
+    if pa.types.is_map(t):
+        key, item = _polars_type(t.key_type), _polars_type(t.item_type)
+        if key is None or item is None:
+            return None
+        return pa.map_(t.key_field.with_type(key), t.item_field.with_type(item))
+    primitive = (
+        pa.types.is_boolean(t)
+        or pa.types.is_int32(t)
+        or pa.types.is_int64(t)
+        or pa.types.is_float32(t)
+        or pa.types.is_float64(t)
+        or pa.types.is_date32(t)
+        or pa.types.is_decimal128(t)
+    )
+    return t if primitive else None
 
 
 def qualifies(metadata: TableMetadata, io: FileIO, sources: list, sorted_output: bool) -> bool:
