@@ -42,11 +42,10 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.typedef import Record
 from pyiceberg.types import ListType, MapType, StructType
 
-NestedType = StructType | ListType | MapType
-
 from compaction_assets.errors import InputFileError
 from compaction_assets.execution.deletes import GroupDeletes
 
+NestedType = StructType | ListType | MapType
 MiB = 1024 * 1024
 READAHEAD_BYTES = 64 * MiB  # source bytes one bulk scan may have in flight
 FOOTER_THREADS = 8  # footers read at once from an object store
