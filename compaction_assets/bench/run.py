@@ -21,7 +21,7 @@ import pyarrow.dataset as ds
 import yaml
 from pyiceberg.table import Table
 
-from compaction_assets.bench import cdc, contenders, datasets, fixed_cost, planning_scale
+from compaction_assets.bench import cdc, contenders, datasets, fixed_cost, memory, planning_scale
 from compaction_assets.bench.datasets import Dataset
 from compaction_assets.config import load_config
 from compaction_assets.engine import Engine
@@ -273,6 +273,8 @@ def run_bench(
             shutil.rmtree(root / "data" / dataset.name, ignore_errors=True)
         if large_gib:
             report.extras["memory"] = memory_group(engine, root, log, large_gib)
+            paths = [memory.measure(engine, root, "flat", "polars", large_gib, log)]
+            report.extras["memory_paths"] = paths + memory.measure_all(engine, root, ["typed", "wide"], large_gib, log)
             shutil.rmtree(root / "data", ignore_errors=True)
         report.extras["commits"] = commits_per_table(engine, log)
         spark.stop()
@@ -288,8 +290,10 @@ def run_bench(
             f"[{d.dataset}] ours at {d.share_of_two_pyarrow_cores:.0%} of 2 x single-thread pyarrow"
             + (f"; ours/spark-dataframe {d.seconds('ours') / spark_df:.2f}" if spark_df else "")
         )
-    if memory := report.extras.get("memory"):
-        log(f"peak_rss_mb={memory['worker_peak_rss_bytes'] / MiB:.0f} group_gb={memory['group_bytes'] / 1e9:.2f}")
+    if flat := report.extras.get("memory"):
+        log(f"peak_rss_mb={flat['worker_peak_rss_bytes'] / MiB:.0f} group_gb={flat['group_bytes'] / 1e9:.2f}")
+    for line in memory.report_lines(report.extras.get("memory_paths", [])):
+        log(line)
     if cost := report.extras.get("fixed_cost"):
         cold, warm = cost["cold_local_s"], cost["warm_connect_s"]
         log(f"warm_over_cold={cost['warm_over_cold']:.3f} (cold {cold:.1f}s, warm {warm:.1f}s)")

@@ -59,6 +59,8 @@ _UNSUPPORTED_PROPERTIES = (
     TableProperties.PARQUET_BLOOM_FILTER_MAX_BYTES,
 )
 MAX_AVERAGE_SOURCE_BYTES = 8 * 1024 * 1024
+ROW_GROUP_BYTES = 8 * 1024 * 1024  # decoded bytes per output row group (see rewrite_with_polars)
+MIN_ROW_GROUP_ROWS = 16_384
 _CODECS = {"uncompressed": "uncompressed", "snappy": "snappy", "gzip": "gzip", "zstd": "zstd", "lz4": "lz4"}
 
 
@@ -143,8 +145,14 @@ def rewrite_with_polars(
     spec_id: int,
     name: str,
     max_files: int,
+    row_bytes: float,
 ) -> list[DataFile] | None:
-    """Write `sources` (SourceFile-like) as up to `max_files` files `<name>-NNNNN.parquet`."""
+    """Write `sources` (SourceFile-like) as up to `max_files` files `<name>-NNNNN.parquet`.
+
+    `row_bytes` (decoded bytes per row, from a source footer) sizes the row groups: about
+    ROW_GROUP_BYTES each, at most the table's row-group limit. Polars buffers a whole row group
+    before encoding it, so pyiceberg's default of 1,048,576 rows held 400 MiB for 20 typed
+    columns and ran 2-3x slower than row groups of ~8 MiB (which the Arrow path writes too)."""
     import polars as pl
 
     props = metadata.properties
@@ -152,9 +160,7 @@ def rewrite_with_polars(
     options = {
         "compression": _CODECS[codec],
         "compression_level": property_as_int(props, TableProperties.PARQUET_COMPRESSION_LEVEL),
-        "row_group_size": property_as_int(
-            props, TableProperties.PARQUET_ROW_GROUP_LIMIT, TableProperties.PARQUET_ROW_GROUP_LIMIT_DEFAULT
-        ),
+        "row_group_size": row_group_rows(metadata.properties, row_bytes),
         "data_page_size": property_as_int(
             props, TableProperties.PARQUET_PAGE_SIZE_BYTES, TableProperties.PARQUET_PAGE_SIZE_BYTES_DEFAULT
         ),
@@ -216,13 +222,27 @@ def rewrite_with_polars(
     return written
 
 
-def read_schema(io: FileIO, location: str) -> pa.Schema:
-    """The Arrow schema of a Parquet file: from the disk if local, else through the FileIO."""
+def row_group_rows(properties: dict[str, str], row_bytes: float) -> int:
+    """Rows per output row group: about ROW_GROUP_BYTES decoded, within [MIN_ROW_GROUP_ROWS, the table's limit]."""
+    limit = property_as_int(
+        properties, TableProperties.PARQUET_ROW_GROUP_LIMIT, TableProperties.PARQUET_ROW_GROUP_LIMIT_DEFAULT
+    )
+    return max(1, min(limit, max(MIN_ROW_GROUP_ROWS, int(ROW_GROUP_BYTES / max(row_bytes, 1.0)))))
+
+
+def read_footer(io: FileIO, location: str) -> pq.FileMetaData:
+    """The footer of a Parquet file: from the disk if local, else through the FileIO."""
     local = local_path(io, location) if isinstance(io, PyArrowFileIO) else None
     if local is not None:
-        return pq.read_schema(local)
+        return pq.read_metadata(local)
     with io.new_input(location).open() as stream:
-        return pq.read_schema(stream)
+        return pq.read_metadata(stream)
+
+
+def decoded_row_bytes(footer: pq.FileMetaData) -> float:
+    """Uncompressed bytes per row of a file (about its Arrow size per row)."""
+    rows = footer.num_rows
+    return sum(footer.row_group(k).total_byte_size for k in range(footer.num_row_groups)) / rows if rows else 0.0
 
 
 def _footer(io: FileIO, storage: PolarsStorage, location: str) -> pq.FileMetaData:
