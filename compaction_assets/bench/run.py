@@ -138,9 +138,10 @@ def compare(
         seconds = ", ".join(f"{c} {r[-1].seconds:.2f}s" for c, r in timed.items())
         log(f"[{dataset.name}] run {k + 1}/{repeats}: {seconds}")
     report.results.extend(median_results(timed))
-    spark_result = contenders.spark_dataframe(spark, sources, folder / "spark", TARGET, expected, bytes_in)
-    _check(dataset, spark_result)
-    report.results.append(spark_result)
+    if dataset.spark_anchor:
+        spark_result = contenders.spark_dataframe(spark, sources, folder / "spark", TARGET, expected, bytes_in)
+        _check(dataset, spark_result)
+        report.results.append(spark_result)
     log_results(report, log)
     return report
 
