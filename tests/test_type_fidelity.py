@@ -10,8 +10,10 @@ from urllib.parse import urlparse
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.schema import Schema
 from pyiceberg.table import Table
-from pyiceberg.types import StringType
+from pyiceberg.types import IntegerType, NestedField, StringType, StructType
 
 from compaction_assets.bench.datasets import typed_rows
 from compaction_assets.execution import polars_rewrite
@@ -99,3 +101,39 @@ def test_a_compacted_typed_table_is_what_pyiceberg_would_write(lake, monkeypatch
     assert _parquet_columns(ours["file_path"]) == _parquet_columns(theirs["file_path"])
     for key in STATISTICS:
         assert ours[key] == theirs[key], key
+
+
+def test_a_nested_name_that_meant_another_field_keeps_polars_off(tmp_path):
+    """Polars reads struct children by name: point.x and point.y trading names would swap values."""
+    catalog = SqlCatalog("c", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/w")
+    catalog.create_namespace("ns")
+    point = StructType(NestedField(2, "x", IntegerType(), False), NestedField(3, "y", IntegerType(), False))
+    table = catalog.create_table("ns.t", schema=Schema(NestedField(1, "point", point, required=False)))
+    assert polars_rewrite.names_are_ids(table.metadata)
+    for old, new in (("x", "tmp"), ("y", "x"), ("tmp", "y")):
+        with table.update_schema() as update:
+            update.rename_column(("point", old), new)
+    assert not polars_rewrite.names_are_ids(catalog.load_table("ns.t").metadata)
+
+
+@pytest.mark.parametrize(
+    ("arrow_type", "written"),
+    [
+        (pa.decimal128(38, 10), pa.decimal128(38, 10)),
+        (pa.timestamp("us", tz="UTC"), pa.timestamp("us", tz="UTC")),
+        (pa.list_(pa.field("element", pa.string())), pa.large_list(pa.field("element", pa.large_string()))),
+        (
+            pa.map_(pa.string(), pa.struct([("a", pa.binary())])),
+            pa.map_(pa.large_string(), pa.struct([("a", pa.large_binary())])),
+        ),
+        (pa.uuid(), None),
+        (pa.binary(16), None),
+        (pa.time64("us"), None),
+        (pa.timestamp("ns"), None),
+        (pa.struct([("ok", pa.int64()), ("t", pa.time64("us"))]), None),
+    ],
+    ids=str,
+)
+def test_polars_takes_the_types_it_writes_as_pyiceberg_does(arrow_type, written):
+    target = polars_rewrite.polars_schema(pa.schema([pa.field("c", arrow_type)]))
+    assert (target and target.field("c").type) == written

@@ -40,7 +40,7 @@ from pyiceberg.io.pyarrow import (
     parquet_path_to_id_mapping,
 )
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
-from pyiceberg.schema import Schema
+from pyiceberg.schema import Schema, index_by_name
 from pyiceberg.table import TableProperties
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.typedef import Record
@@ -69,7 +69,7 @@ def names_are_ids(metadata: TableMetadata) -> bool:
     table's schema history."""
     ids: dict[str, int] = {}
     for schema in metadata.schemas:
-        for name, field_id in schema._name_to_id.items():
+        for name, field_id in index_by_name(schema).items():
             if ids.setdefault(name, field_id) != field_id:
                 return False
     return True
