@@ -2,6 +2,10 @@
 schema and spec changes, and our compaction (crashing, raced) and GC, against an oracle of the rows
 every writer was told were committed.
 
+The table's columns include a decimal, a timestamptz, a list and a struct (issue 19), so every
+rewrite path (Polars, the bulk Arrow scan, per-file projection) carries typed and nested values
+past the oracle; the figures count which path each commit took.
+
 Real everything: a pyiceberg SQL catalog and task ledger in SQLite files, real Parquet and delete
 files, the project's Engine on a real local Spark session. Readers: a spec-literal reader always,
 DuckDB's Iceberg scan and pyiceberg (with partition and data-column filters) while the table has no
