@@ -343,7 +343,11 @@ def soak(minutes: float, seed: int, slots: int, workdir: str | None, update_read
 
 @main.command()
 @click.option(
-    "--dataset", "names", multiple=True, type=click.Choice(["small", "tiny", "cdc", "s3"]), help="default: all"
+    "--dataset",
+    "names",
+    multiple=True,
+    type=click.Choice(["small", "tiny", "typed", "wide", "cdc", "s3"]),
+    help="default: all",
 )
 @click.option("--large-gib", default=2.0, show_default=True, help="size of the one-group memory run (0: skip)")
 @click.option("--tables", default=1000, show_default=True, help="tables in the sensor-tick scaling run (0: skip)")
@@ -370,11 +374,11 @@ def bench(
 ) -> None:
     """Ours vs delta-rs vs pyarrow vs Spark on the same data; memory, fixed cost, planning scale."""
     from compaction_assets.bench.cdc import CDC
-    from compaction_assets.bench.datasets import SMALL, TINY
+    from compaction_assets.bench.datasets import SMALL, TINY, TYPED, WIDE
     from compaction_assets.bench.run import run_bench
     from compaction_assets.bench.s3_dataset import S3
 
-    sets = [d for d in (SMALL, TINY, CDC, S3) if not names or d.name in names]
+    sets = [d for d in (SMALL, TINY, TYPED, WIDE, CDC, S3) if not names or d.name in names]
     report = run_bench(
         Path(workdir) if workdir else None,
         sets,

@@ -157,4 +157,7 @@ def _ours(engine: Engine, name: str, expected: RowsDigest, bytes_in: int) -> con
     after = sum(not f.is_delete for f in live_files(table))
     rss = max(o.peak_worker_rss for o in outcomes)
     identical = rows_digest(table) == expected
-    return contenders.Result("ours", seconds, bytes_in, CDC.files, after, rss, "spark python worker", identical)
+    path = contenders.engines(outcomes)
+    return contenders.Result(
+        "ours", seconds, bytes_in, CDC.files, after, rss, "spark python worker", identical, path=path
+    )

@@ -37,6 +37,7 @@ class Result:
     rows_identical: bool
     runs: list[float] = field(default_factory=list)  # every run's seconds, when repeated
     phases: dict[str, float] = field(default_factory=dict)  # ours: seconds per phase (engine.describe_phases)
+    path: str = ""  # ours: the rewrite paths (engines) that ran, e.g. polars, arrow, polars+arrow
 
     @property
     def mb_per_s(self) -> float:
@@ -56,8 +57,22 @@ def ours(engine: Engine, table_name: str, expected: RowsDigest, bytes_in: int, f
     rss = max(o.peak_worker_rss for o in outcomes)
     identical = rows_digest(table) == expected
     return Result(
-        "ours", seconds, bytes_in, files, after, rss, "spark python worker", identical, phases=outcomes[0].phases
+        "ours",
+        seconds,
+        bytes_in,
+        files,
+        after,
+        rss,
+        "spark python worker",
+        identical,
+        phases=outcomes[0].phases,
+        path=engines(outcomes),
     )
+
+
+def engines(outcomes: list) -> str:
+    """The rewrite paths that ran over `outcomes` (PartitionOutcome.engine), joined with '+'."""
+    return "+".join(sorted({e for o in outcomes for e in o.engine.split("+") if e}, reverse=True))
 
 
 def deltars(uri: str, target_bytes: int, expected: RowsDigest, bytes_in: int, files: int) -> Result:

@@ -1,8 +1,15 @@
 """Benchmark data: the same Parquet files registered in an Iceberg table and in a Delta table.
 
-Rows: id, timestamp, two strings (one random, one low-cardinality), a double and an int, as in
-issue #5. Files are written once with pyarrow (Snappy, as every contender writes) and hard-linked
-into the Iceberg table's data folder, so every contender reads the very same bytes.
+Rows by the dataset's kind:
+- flat ("small", "tiny"): id, timestamp, two strings (one random, one low-cardinality), a double
+  and an int, as in issue #5;
+- typed: every type Iceberg users write that delta-rs also reads (issue 19): decimals, timestamptz,
+  timestamp, date, bool, int, long, float, double, nullable strings (10-30% nulls), binary,
+  list<string>, struct, map<string,long>. Left out: uuid and fixed (Delta has no such types, so
+  convert_to_deltalake refuses them) and time (Delta has none either);
+- wide: 200 columns of mixed types, mostly primitives, every tenth one nested.
+Files are written once with pyarrow (Snappy, as every contender writes) and hard-linked into the
+Iceberg table's data folder, so every contender reads the very same bytes.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
@@ -26,6 +34,10 @@ class Dataset:
     name: str
     files: int
     rows_per_file: int
+    kind: str = "flat"  # flat | typed | wide: which rows (see the module docstring)
+    # the Spark DataFrame rewrite as an extra anchor; off for typed and wide, where it alone took
+    # 1-2 minutes (typed) and over 10 (wide) on the shared 2-core machine
+    spark_anchor: bool = True
 
     @property
     def rows(self) -> int:
@@ -34,6 +46,9 @@ class Dataset:
 
 SMALL = Dataset("small", 500, 20_000)
 TINY = Dataset("tiny", 5_000, 200)
+TYPED = Dataset("typed", 600, 5_000, "typed", spark_anchor=False)
+WIDE = Dataset("wide", 200, 2_000, "wide", spark_anchor=False)
+WIDE_COLUMNS = 200
 
 
 def rows(first_id: int, count: int, seed: int) -> pa.Table:
@@ -51,14 +66,110 @@ def rows(first_id: int, count: int, seed: int) -> pa.Table:
     )
 
 
+def typed_rows(first_id: int, count: int, seed: int) -> pa.Table:
+    """Twenty-one columns of every type Iceberg users write (that Delta can hold too)."""
+    rng = np.random.default_rng(seed)
+    flat = rows(first_id, count, seed).combine_chunks().to_batches()[0]
+    cents = rng.integers(-(10**9), 10**9, count)
+    words = np.array([f"w{i}" for i in range(50)])
+    tag_counts = rng.integers(0, 4, count)
+    tag_offsets = np.concatenate([[0], np.cumsum(tag_counts)]).astype(np.int32)
+    attr_counts = rng.integers(0, 3, count)
+    attr_offsets = np.concatenate([[0], np.cumsum(attr_counts)]).astype(np.int32)
+    attrs = int(attr_offsets[-1])
+    entry = np.arange(attrs) - np.repeat(attr_offsets[:-1], attr_counts)  # keys unique within a map
+    return pa.table(
+        {
+            "id": flat["id"],
+            "amount": _decimals(cents, 18, 2),
+            "fee": _decimals(cents // 1000, 9, 2),
+            "balance": _decimals(rng.integers(-(10**17), 10**17, count), 38, 10),
+            "event_ts": flat["ts"].cast(pa.timestamp("us", tz="UTC")),
+            "local_ts": flat["ts"],
+            "day": pa.array(20_000 + rng.integers(0, 365, count), pa.int32()).cast(pa.date32()),
+            "active": pa.array(rng.random(count) < 0.5),
+            "qty": flat["qty"],
+            "seq": pa.array(rng.integers(0, 2**40, count), pa.int64()),
+            "ratio": pa.array(rng.random(count).astype(np.float32)),
+            "price": flat["price"],
+            "name": _with_nulls(flat["name"], rng, 0.2),
+            "city": _with_nulls(flat["city"], rng, 0.1),
+            "note": _with_nulls(pa.array(np.char.add("note ", rng.integers(0, 10**6, count).astype(str))), rng, 0.3),
+            "payload": pa.array(rng.integers(0, 256, (count, 12), dtype=np.uint8).view("S12").ravel(), pa.binary()),
+            "tags": pa.ListArray.from_arrays(
+                tag_offsets, pa.array(words[rng.integers(0, len(words), int(tag_offsets[-1]))])
+            ),
+            "address": pa.StructArray.from_arrays(
+                [_with_nulls(flat["city"], rng, 0.1), pa.array(rng.integers(1000, 9999, count, dtype=np.int32))],
+                names=["street", "zip"],
+            ),
+            "attrs": pa.MapArray.from_arrays(
+                attr_offsets,
+                pa.array(words[(np.repeat(rng.integers(0, len(words), count), attr_counts) + entry) % len(words)]),
+                pa.array(rng.integers(0, 10**6, attrs), pa.int64()),
+            ),
+            "version": pa.array(rng.integers(0, 100, count, dtype=np.int32)),
+            "score": _with_nulls(pa.array(rng.random(count)), rng, 0.15),
+        }
+    )
+
+
+def wide_rows(first_id: int, count: int, seed: int) -> pa.Table:
+    """WIDE_COLUMNS columns: longs, doubles, strings, dates, bools, decimals, and a list or struct every tenth."""
+    rng = np.random.default_rng(seed)
+    columns: dict[str, pa.Array] = {"id": pa.array(np.arange(first_id, first_id + count, dtype=np.int64))}
+    words = np.array([f"v{i}" for i in range(200)])
+    for c in range(1, WIDE_COLUMNS):
+        kind = c % 10
+        if kind in (0, 1, 2):
+            column = pa.array(rng.integers(0, 10**6, count), pa.int64())
+        elif kind in (3, 4):
+            column = pa.array(rng.random(count))
+        elif kind in (5, 6):
+            column = _with_nulls(pa.array(words[rng.integers(0, len(words), count)]), rng, 0.1)
+        elif kind == 7:
+            column = pa.array(18_000 + rng.integers(0, 2_000, count), pa.int32()).cast(pa.date32())
+        elif kind == 8:
+            column = (
+                pa.array(rng.random(count) < 0.3)
+                if c % 20 == 8
+                else _decimals(rng.integers(-(10**9), 10**9, count), 18, 4)
+            )
+        elif c % 20 == 9:
+            offsets = np.concatenate([[0], np.cumsum(rng.integers(0, 3, count))]).astype(np.int32)
+            column = pa.ListArray.from_arrays(offsets, pa.array(rng.integers(0, 100, int(offsets[-1])), pa.int64()))
+        else:
+            column = pa.StructArray.from_arrays(
+                [pa.array(rng.integers(0, 100, count), pa.int64()), pa.array(words[rng.integers(0, 200, count)])],
+                names=["n", "s"],
+            )
+        columns[f"c{c:03d}"] = column
+    return pa.table(columns)
+
+
+def _decimals(unscaled: np.ndarray, precision: int, scale: int) -> pa.Array:
+    """decimal(precision, scale) values whose unscaled integers are `unscaled` (int64)."""
+    words = np.empty((len(unscaled), 2), dtype="<i8")  # little-endian 128-bit: low word, sign-extended high word
+    words[:, 0], words[:, 1] = unscaled, unscaled >> 63
+    return pa.Array.from_buffers(pa.decimal128(precision, scale), len(unscaled), [None, pa.py_buffer(words)])
+
+
+def _with_nulls(values: pa.Array, rng: np.random.Generator, share: float) -> pa.Array:
+    return pc.if_else(pa.array(rng.random(len(values)) < share), pa.nulls(len(values), values.type), values)
+
+
+ROWS = {"flat": rows, "typed": typed_rows, "wide": wide_rows}
+
+
 def write_files(folder: Path, dataset: Dataset, seed: int = 1) -> list[Path]:
     """The dataset as `files` Parquet files of `rows_per_file` rows each."""
     folder.mkdir(parents=True, exist_ok=True)
+    make = ROWS[dataset.kind]
     paths = []
     for i in range(dataset.files):
         path = folder / f"part-{i:05d}.parquet"
         pq.write_table(
-            rows(i * dataset.rows_per_file, dataset.rows_per_file, seed * 1_000_003 + i), path, compression=CODEC
+            make(i * dataset.rows_per_file, dataset.rows_per_file, seed * 1_000_003 + i), path, compression=CODEC
         )
         paths.append(path)
     return paths

@@ -27,6 +27,7 @@ from compaction_assets.bench import (
     datasets,
     drain,
     fixed_cost,
+    memory,
     plan_at_scale,
     planning_scale,
     s3_dataset,
@@ -52,6 +53,11 @@ class DatasetReport:
 
     def seconds(self, contender: str) -> float | None:
         return next((r.seconds for r in self.results if r.contender == contender), None)
+
+    @property
+    def path(self) -> str:
+        """The rewrite paths our median run took."""
+        return next((r.path for r in self.results if r.contender == "ours"), "")
 
     @property
     def ratio_vs_deltars(self) -> float | None:
@@ -142,9 +148,10 @@ def compare(
         seconds = ", ".join(f"{c} {r[-1].seconds:.2f}s" for c, r in timed.items())
         log(f"[{dataset.name}] run {k + 1}/{repeats}: {seconds}")
     report.results.extend(median_results(timed))
-    spark_result = contenders.spark_dataframe(spark, sources, folder / "spark", TARGET, expected, bytes_in)
-    _check(dataset, spark_result)
-    report.results.append(spark_result)
+    if dataset.spark_anchor:
+        spark_result = contenders.spark_dataframe(spark, sources, folder / "spark", TARGET, expected, bytes_in)
+        _check(dataset, spark_result)
+        report.results.append(spark_result)
     log_results(report, log)
     return report
 
@@ -284,6 +291,8 @@ def run_bench(
             shutil.rmtree(root / "data" / dataset.name, ignore_errors=True)
         if large_gib:
             report.extras["memory"] = memory_group(engine, root, log, large_gib)
+            paths = [memory.measure(engine, root, "flat", "polars", large_gib, log)]
+            report.extras["memory_paths"] = paths + memory.measure_all(engine, root, ["typed", "wide"], large_gib, log)
             shutil.rmtree(root / "data", ignore_errors=True)
         report.extras["commits"] = commits_per_table(engine, log)
         spark.stop()
@@ -303,8 +312,10 @@ def run_bench(
             f"[{d.dataset}] ours at {d.share_of_two_pyarrow_cores:.0%} of 2 x single-thread pyarrow"
             + (f"; ours/spark-dataframe {d.seconds('ours') / spark_df:.2f}" if spark_df else "")
         )
-    if memory := report.extras.get("memory"):
-        log(f"peak_rss_mb={memory['worker_peak_rss_bytes'] / MiB:.0f} group_gb={memory['group_bytes'] / 1e9:.2f}")
+    if flat := report.extras.get("memory"):
+        log(f"peak_rss_mb={flat['worker_peak_rss_bytes'] / MiB:.0f} group_gb={flat['group_bytes'] / 1e9:.2f}")
+    for line in memory.report_lines(report.extras.get("memory_paths", [])):
+        log(line)
     if cost := report.extras.get("fixed_cost"):
         cold, warm = cost["cold_local_s"], cost["warm_connect_s"]
         log(f"warm_over_cold={cost['warm_over_cold']:.3f} (cold {cold:.1f}s, warm {warm:.1f}s)")
@@ -332,6 +343,7 @@ def run_bench(
             f"dataset={d.dataset} "
             + (f"ratio_vs_deltars={ratio:.3f} " if ratio is not None else "")
             + f"share_of_2x_pyarrow={d.share_of_two_pyarrow_cores:.3f}"
+            + (f" path={d.path}" if d.path else "")
         )
     return report
 

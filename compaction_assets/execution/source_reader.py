@@ -2,12 +2,13 @@
 
 Two paths, same rows:
 - **bulk**: files whose columns already are the table's columns (same field ids in the same
-  order, same Arrow types, flat) need no projection, only new labels. Their footers are read on
+  order, same Arrow types; nested columns with the same children and child ids) need no
+  projection, only new labels. Their footers are read on
   a thread pool and the files are scanned together by one pyarrow dataset scanner, which decodes
   several files at a time on Arrow's threads (without the GIL) while the caller encodes. This is
   what makes thousands of tiny files cheap: one Python call per batch instead of per-file setup.
-- **projected**: every other file (renamed, added, dropped or promoted columns, nested types,
-  missing ids without a name mapping) goes through pyiceberg's ArrowScan one file at a time, which
+- **projected**: every other file (renamed, added, dropped or promoted columns, evolved nested
+  types, missing ids without a name mapping) goes through pyiceberg's ArrowScan one file at a time, which
   projects it onto the current schema by field id. On an object store, where a small file costs
   a few requests' latency, the next files' bytes are fetched on a thread pool while the current
   one is projected (at most OVERLAP_FILES in flight and READAHEAD_BYTES held; larger files are
@@ -39,10 +40,12 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.typedef import Record
+from pyiceberg.types import ListType, MapType, StructType
 
 from compaction_assets.errors import InputFileError
 from compaction_assets.execution.deletes import GroupDeletes
 
+NestedType = StructType | ListType | MapType
 MiB = 1024 * 1024
 READAHEAD_BYTES = 64 * MiB  # source bytes one bulk scan may have in flight
 FOOTER_THREADS = 8  # footers read at once from an object store
@@ -136,9 +139,9 @@ class SourceReader:
         return local, self._io.fs_by_scheme(scheme, netloc)
 
     def relabel_target(self, physical: pa.Schema) -> pa.Schema | None:
-        """The output schema for files of `physical`, if converting them is only a relabel."""
-        if any(pa.types.is_nested(f.type) for f in physical):
-            return None
+        """The output schema for files of `physical`, if converting them is only a relabel:
+        the same columns by field id, in the same order, of the same Arrow types (nested columns:
+        the same Iceberg type, children and their ids included, and the same Arrow type)."""
         try:
             file_schema = pyarrow_to_schema(
                 physical,
@@ -148,7 +151,13 @@ class SourceReader:
             )
         except ValueError:  # no field ids and no name mapping: ArrowScan decides what that means
             return None
-        if [f.field_id for f in file_schema.columns] != [f.field_id for f in self._schema.columns]:
+        columns, wanted = file_schema.columns, self._schema.columns
+        if [f.field_id for f in columns] != [f.field_id for f in wanted]:
+            return None
+        if any(
+            isinstance(f.field_type, NestedType) and f.field_type != w.field_type
+            for f, w in zip(columns, wanted, strict=True)
+        ):
             return None
         empty = pa.RecordBatch.from_arrays([pa.array([], f.type) for f in physical], schema=physical)
         scanned = _to_requested_schema(

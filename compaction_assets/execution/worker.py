@@ -226,7 +226,8 @@ def _rewrite_with_polars(
     if not spec.polars or spec.deletes or any(s.deletes for s in spec.sources):
         return None
     try:
-        physical = polars_rewrite.read_schema(io, spec.sources[0].path)
+        footer = polars_rewrite.read_footer(io, spec.sources[0].path)
+        physical = footer.schema.to_arrow_schema()
     except (OSError, pa.ArrowException):
         return None  # the per-file path reports it, naming the file
     target = reader.relabel_target(physical)
@@ -243,6 +244,7 @@ def _rewrite_with_polars(
         spec.spec_id,
         writer.name,
         spec.max_files,
+        polars_rewrite.decoded_row_bytes(footer),
     )
 
 

@@ -44,20 +44,54 @@ def rows_digest(table: Table, snapshot_id: int | None = None) -> RowsDigest:
 def batches_digest(batches: Iterable[pa.RecordBatch]) -> RowsDigest:
     """Hash every row (vectorised, 64 bits), sort the hashes, hash the sorted list: equal iff the
     row multisets are equal (up to a 2^-64 collision). Independent of file layout, column order
-    and of how an engine typed its timestamps or strings."""
+    and of how an engine typed its timestamps, strings, decimals or lists (large, view); nested
+    columns are hashed element by element, with list positions, in Arrow."""
     parts = [np.zeros(0, np.uint64)]
     for batch in batches:
         if batch.num_rows:
-            columns = {name: _normalised(batch.column(name)) for name in sorted(batch.schema.names)}
-            frame = pa.table(columns).to_pandas()
-            parts.append(pd.util.hash_pandas_object(frame, index=False).to_numpy())
+            columns = {name: _row_hashes(batch.column(name)) for name in sorted(batch.schema.names)}
+            parts.append(pd.util.hash_pandas_object(pd.DataFrame(columns), index=False).to_numpy())
     hashes = np.sort(np.concatenate(parts))
     return RowsDigest(len(hashes), hashlib.sha256(hashes.tobytes()).hexdigest())
 
 
-def _normalised(column: pa.Array) -> pa.Array:
-    if pa.types.is_timestamp(column.type):
-        return pc.cast(column, pa.timestamp("us")).cast(pa.int64())
-    if pa.types.is_large_string(column.type):
-        return column.cast(pa.string())
-    return column
+def _row_hashes(column: pa.Array | pa.ChunkedArray, *extra: np.ndarray) -> np.ndarray:
+    """One uint64 per value of `column` (and of `extra`), equal iff the values are equal (up to collisions)."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    frame = pd.DataFrame({str(k): c for k, c in enumerate([*_flat_parts(column), *extra])})
+    return pd.util.hash_pandas_object(frame, index=False).to_numpy()
+
+
+def _flat_parts(column: pa.Array) -> list:
+    """`column` as flat columns pandas can hash, row for row."""
+    t = column.type
+    if pa.types.is_struct(t):
+        parts: list = [column.is_valid().to_numpy(zero_copy_only=False)]
+        for k in range(t.num_fields):
+            parts += _flat_parts(column.field(k) if column.null_count == 0 else _masked(column, k))
+        return parts
+    if pa.types.is_map(t):  # a map is a list of key-value structs, entry order kept
+        entries = pa.field("entries", pa.struct([t.key_field, t.item_field]), nullable=False)
+        return _flat_parts(column.view(pa.list_(entries)))
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t):
+        lengths = pc.fill_null(pc.list_value_length(column), 0).to_numpy().astype(np.int64)
+        values = pc.list_flatten(column)
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        element = _row_hashes(values, np.arange(len(values)) - np.repeat(offsets[:-1], lengths))
+        sums = np.concatenate([np.zeros(1, np.uint64), np.cumsum(element, dtype=np.uint64)])
+        return [column.is_valid().to_numpy(zero_copy_only=False), lengths, sums[offsets[1:]] - sums[offsets[:-1]]]
+    if pa.types.is_timestamp(t):
+        return [pc.cast(column, pa.timestamp("us")).cast(pa.int64()).to_pandas()]
+    if pa.types.is_decimal(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return [column.cast(pa.string()).to_pandas()]
+    if pa.types.is_large_binary(t) or pa.types.is_binary_view(t) or pa.types.is_fixed_size_binary(t):
+        return [column.cast(pa.binary()).to_pandas()]
+    if isinstance(t, pa.ExtensionType):
+        return _flat_parts(column.storage)
+    return [column.to_pandas()]
+
+
+def _masked(column: pa.StructArray, k: int) -> pa.Array:
+    """Child `k` of a struct with the struct's own nulls applied (a null struct hides its fields)."""
+    return pc.if_else(column.is_valid(), column.field(k), pa.nulls(len(column), column.type.field(k).type))

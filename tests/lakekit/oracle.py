@@ -19,8 +19,16 @@ Row = tuple[tuple[str, Any], ...]
 
 
 def row_key(row: Mapping[str, Any]) -> Row:
-    """A hashable, column-order-independent form of one row."""
-    return tuple(sorted(row.items()))
+    """A hashable, column-order-independent form of one row (lists and structs as tuples)."""
+    return tuple(sorted((name, _hashable(value)) for name, value in row.items()))
+
+
+def _hashable(value: Any) -> Any:
+    if isinstance(value, list):
+        return ("list", *(_hashable(v) for v in value))
+    if isinstance(value, dict):
+        return ("struct", *sorted((k, _hashable(v)) for k, v in value.items()))
+    return value
 
 
 @dataclass

@@ -2,6 +2,10 @@
 schema and spec changes, and our compaction (crashing, raced) and GC, against an oracle of the rows
 every writer was told were committed.
 
+The table's columns include a decimal, a timestamptz, a list and a struct (issue 19), so every
+rewrite path (Polars, the bulk Arrow scan, per-file projection) carries typed and nested values
+past the oracle; the figures count which path each commit took.
+
 Real everything: a pyiceberg SQL catalog and task ledger in SQLite files, real Parquet and delete
 files, the project's Engine on a real local Spark session. Readers: a spec-literal reader always,
 DuckDB's Iceberg scan and pyiceberg (with partition and data-column filters) while the table has no
@@ -25,6 +29,8 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -33,12 +39,22 @@ import pyarrow.parquet as pq
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from pyiceberg.expressions import EqualTo, IsNull
+from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.transforms import IdentityTransform
-from pyiceberg.types import IntegerType, LongType, NestedField, StringType
+from pyiceberg.types import (
+    DecimalType,
+    IntegerType,
+    ListType,
+    LongType,
+    NestedField,
+    StringType,
+    StructType,
+    TimestamptzType,
+)
 
 from compaction_assets import faults
 from compaction_assets.commit.ledger import OPEN, Status
@@ -56,13 +72,28 @@ from tests.lakekit.oracle import Diff, Oracle, diff, row_key
 from tests.lakekit.spec_reader import spec_rows
 
 TABLE = "ns.t"
-ID, REGION, CAT, PAYLOAD = 1, 2, 3, 4
+ID, REGION, CAT, PAYLOAD, AMOUNT, AT, TAGS, POINT = 1, 2, 3, 4, 5, 6, 7, 8
+# typed and nested columns (issue 19): every rewrite path must carry decimals, timestamptz, lists
+# and structs with their field ids; ids 9-11 are their children, added columns come after
+LAST_BASE_ID = 11
 SCHEMA = Schema(
     NestedField(ID, "id", LongType(), required=False),
     NestedField(REGION, "region", StringType(), required=False),
     NestedField(CAT, "cat", IntegerType(), required=False),
     NestedField(PAYLOAD, "payload", StringType(), required=False),
+    NestedField(AMOUNT, "amount", DecimalType(18, 2), required=False),
+    NestedField(AT, "at", TimestamptzType(), required=False),
+    NestedField(TAGS, "tags", ListType(9, StringType(), element_required=False), required=False),
+    NestedField(
+        POINT,
+        "point",
+        StructType(
+            NestedField(10, "x", IntegerType(), required=False), NestedField(11, "label", StringType(), required=False)
+        ),
+        required=False,
+    ),
 )
+EPOCH = datetime(2024, 1, 1, tzinfo=UTC)
 BY_REGION = PartitionSpec(PartitionField(source_id=REGION, field_id=1000, transform=IdentityTransform(), name="region"))
 # Exploring past a known failure: STATEFUL_SKIP=add_files_file1,race_expire,crash_after_prepare,... turns
 # those steps into no-ops; region_null_string leaves 'null' out of the partition values.
@@ -193,8 +224,9 @@ class TableHistory(RuleBasedStateMachine):
             row: dict[int, Any] = {f.field_id: None for f in schema.fields}
             row.update({ID: self.next_id, REGION: region, CAT: cat if cat is not None else self.next_id % 3})
             row[PAYLOAD] = f"p{self.next_id} /%+ é"
+            row.update(_typed_values(self.next_id))
             for f in schema.fields:
-                if f.field_id > PAYLOAD:
+                if f.field_id > LAST_BASE_ID:
                     row[f.field_id] = f"{f.name}-{self.next_id}"
             rows.append(row)
             self.next_id += 1
@@ -270,7 +302,7 @@ class TableHistory(RuleBasedStateMachine):
 
     def _evolve_schema(self, table: Table, which: int, name_pick: int) -> str:
         schema = table.schema()
-        extras = [f.name for f in schema.fields if f.field_id > PAYLOAD]
+        extras = [f.name for f in schema.fields if f.field_id > LAST_BASE_ID]
         choice = ["add", "rename", "drop", "widen"][which % 4]
         if choice == "widen" and isinstance(schema.find_field(CAT).field_type, IntegerType):
             with table.update_schema() as update:
@@ -297,7 +329,7 @@ class TableHistory(RuleBasedStateMachine):
         `/abs`, `file:/abs`, `file:///abs` on a local warehouse; `s3://` or `s3a://` on S3."""
         batch = self._rows(table, region, rows, cat=1)
         arrow = self._arrow(table, batch)
-        arrow = arrow.cast(pa.schema([f.remove_metadata() for f in arrow.schema]))
+        arrow = arrow.cast(schema_to_pyarrow(table.schema(), include_field_ids=False))
         name = f"ext-{uuid.uuid4().hex}.parquet"
         if spelling in ("s3", "s3a"):
             assert table.location().startswith("s3://"), f"{spelling} on a table at {table.location()}"
@@ -329,6 +361,7 @@ class TableHistory(RuleBasedStateMachine):
             FIGURES.outcomes[outcome.status] += 1
             if outcome.status == "committed":
                 FIGURES.outcomes[f"committed {outcome.kind}"] += 1
+                FIGURES.outcomes[f"rewritten by {outcome.engine or 'none'}"] += 1
 
     @contextmanager
     def _race(self, at: str, action: Callable[[], None]) -> Iterator[None]:
@@ -603,6 +636,16 @@ class TableHistory(RuleBasedStateMachine):
             shutil.rmtree(self.dir, ignore_errors=True)
             if self.s3 is not None and self.prefix:  # the server keeps objects in memory
                 _delete_prefix(self.s3, self.prefix)
+
+
+def _typed_values(n: int) -> dict[int, Any]:
+    """Values of the typed and nested columns for row `n`, NULLs and empty lists among them."""
+    return {
+        AMOUNT: None if n % 5 == 0 else Decimal(n * 37).scaleb(-2),
+        AT: None if n % 6 == 0 else EPOCH + timedelta(microseconds=n * 1_000_003),
+        TAGS: None if n % 7 == 0 else [] if n % 7 == 1 else [f"t{n % 3}", None if n % 4 == 0 else f"é{n}"],
+        POINT: None if n % 4 == 0 else {"x": n % 10, "label": None if n % 3 == 0 else f"l{n}"},
+    }
 
 
 def _identity_only(table: Table) -> bool:
