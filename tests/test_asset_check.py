@@ -4,7 +4,7 @@ import pytest
 from dagster import AssetKey, RunRequest, build_sensor_context, instance_for_test
 
 from compaction_assets.config import load_config
-from compaction_assets.defs.build import build_definitions
+from compaction_assets.defs.build import build_definitions, table_job
 from compaction_assets.defs.resources import CompactionResource
 from compaction_assets.lake.digest import rows_digest
 from tests.conftest import create_fragmented
@@ -21,14 +21,14 @@ def instance():
 def run_partition(lake, instance, partition: str):
     defs = build_definitions(load_config(lake.config_path))
     instance.add_dynamic_partitions("lake__ns__t", [partition])
-    job = defs.resolve_job_def("compact__ns__t")
+    job = table_job(defs, "ns.t")
     result = job.execute_in_process(instance=instance, partition_key=partition, raise_on_error=False)
     [check] = result.get_asset_check_evaluations() or [None]
     return result, check
 
 
 def materialization_metadata(result) -> dict:
-    [event] = result.asset_materializations_for_node("lake__ns__t")
+    [event] = result.asset_materializations_for_node("compact_default")
     return {k: v.value for k, v in event.metadata.items()}
 
 
@@ -60,7 +60,7 @@ def test_materialising_a_partition_compacts_it_and_the_check_passes(lake, instan
         txn.set_properties({"history.expire.max-snapshot-age-ms": "0"})
     defs = build_definitions(load_config(lake.config_path))
     gc = defs.resolve_job_def("gc_all_tables").execute_in_process(instance=instance)
-    [event] = gc.asset_materializations_for_node("gc__ns__t")
+    [event] = gc.asset_materializations_for_node("gc_tables")
     assert event.metadata["files_deleted"].value >= 30 and event.metadata["bytes_reclaimed"].value > 0
     assert rows_digest(lake.table("ns.t")) == before
 

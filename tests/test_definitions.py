@@ -7,7 +7,7 @@ from pathlib import Path
 from dagster import AssetKey, DynamicPartitionsDefinition
 
 from compaction_assets.config import load_config
-from compaction_assets.defs.build import build_definitions
+from compaction_assets.defs.build import build_definitions, table_job
 from tests.conftest import REPO, venv_bin
 
 DAGSTER = venv_bin("dagster")
@@ -35,7 +35,7 @@ def test_assets_partitions_lineage_and_checks(queued_lake):
     check_keys = {(k.asset_key.to_user_string(), k.name) for k in graph.asset_check_keys}
     for table in ("lake/sales/orders", "lake/ns/events", "lake/ns/flat"):
         assert (table, "precommit_commit_consistency") in check_keys
-    assert defs.resolve_job_def("compact__sales__orders") is not None
+    assert table_job(defs, "sales.orders") is not None
     assert {s.name for s in defs.sensors} == {"fragmentation_sensor", "recovery_sensor"}
     gc = graph.get(AssetKey(["gc", "sales", "orders"]))
     assert gc.parent_keys == {AssetKey(["lake", "sales", "orders"])}  # GC is downstream of the table

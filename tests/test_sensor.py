@@ -6,7 +6,7 @@ import time
 
 import pytest
 import yaml
-from dagster import DagsterRunStatus, build_sensor_context, instance_for_test
+from dagster import AssetKey, DagsterRunStatus, build_sensor_context, instance_for_test
 from dagster._core.test_utils import create_run_for_test
 
 from compaction_assets.config import load_config
@@ -48,7 +48,7 @@ def test_requests_carry_queue_table_and_priority_tags_and_sync_partitions(queued
     assert sum(k[0] != "sales.orders" for k in runs) == 2
     for (table, partition), run in runs.items():
         assert run.tags["compaction/queue"] == ("high" if table == "sales.orders" else "default")
-        assert run.job_name == "compact__" + table.replace(".", "__")
+        assert run.asset_selection == [AssetKey(["lake", *table.split(".")])] and run.job_name is None
         assert run.run_key.startswith(f"{table}|{partition}|")
     high = min(int(r.tags["dagster/priority"]) for k, r in runs.items() if k[0] == "sales.orders")
     low = max(int(r.tags["dagster/priority"]) for k, r in runs.items() if k[0] != "sales.orders")

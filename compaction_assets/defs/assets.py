@@ -1,21 +1,22 @@
 """One asset per managed table: materialising a partition compacts it; a blocking check follows."""
 
 import time
+from collections.abc import Iterator
 
 from dagster import (
-    AssetCheckExecutionContext,
     AssetCheckResult,
     AssetCheckSeverity,
+    AssetCheckSpec,
     AssetExecutionContext,
     AssetKey,
     AssetsDefinition,
+    AssetSpec,
     DagsterEventType,
     DynamicPartitionsDefinition,
     Failure,
     MaterializeResult,
     MetadataValue,
-    asset,
-    asset_check,
+    multi_asset,
 )
 from dagster_pyspark import LazyPySparkResource
 
@@ -29,17 +30,15 @@ from compaction_assets.planning.policy import Policy
 from compaction_assets.redact import redact
 
 
-def table_asset(table_name: str, rule: TableRule, partitioned: bool, location: str, policy: Policy) -> AssetsDefinition:
+def table_spec(table_name: str, rule: TableRule, partitioned: bool, location: str, policy: Policy) -> AssetSpec:
+    """The table's asset in the UI: key, partitions (the table's Iceberg partitions), lineage."""
     namespace = table_name.rsplit(".", 1)[0]
-    partitions = DynamicPartitionsDefinition(name=partitions_name(table_name)) if partitioned else None
-
-    @asset(
+    return AssetSpec(
         key=table_key(table_name),
-        partitions_def=partitions,
+        partitions_def=DynamicPartitionsDefinition(name=partitions_name(table_name)) if partitioned else None,
         group_name=namespace.replace(".", "_"),
         kinds={"iceberg", "spark"},
         deps=[AssetKey.from_user_string(u) for u in rule.upstream],
-        pool=pool_name(rule.queue),
         description=(
             f"Iceberg table `{table_name}` at `{location}`, compacted on queue `{rule.queue}` "
             f"(priority {rule.priority}). Policy: target {policy.target_file_size_bytes} B, fragment <= "
@@ -48,53 +47,93 @@ def table_asset(table_name: str, rule: TableRule, partitioned: bool, location: s
         ),
         metadata={"table": table_name, "location": MetadataValue.path(location), "queue": rule.queue},
     )
-    def _compact(
-        context: AssetExecutionContext, compaction: CompactionResource, pyspark: LazyPySparkResource
-    ) -> MaterializeResult:
-        partition = context.partition_key if partitioned else None
-        engine = compaction.engine(spark=pyspark)
-        outcomes = engine.compact(table_name, partition=partition, task_id=context.run.run_id)
-        for o in outcomes:
-            context.log.info(redact(f"{table_name} [{o.partition_key or 'unpartitioned'}]: {o.status}: {o.reason}"))
-        failed = [o for o in outcomes if not o.ok]
-        if failed:
-            description = redact(f"{table_name}: {failed[0].reason}")
-            raise Failure(description=description, metadata=_metadata(failed[0], rule.queue))
-        outcome = _single(outcomes)
-        fixed = run_fixed_cost(context, outcome.seconds)
-        context.log.info(
-            f"dagster_run_fixed_cost_s={fixed:.2f} (run launch to result, less {outcome.seconds:.2f}s of compaction; "
-            f"spark {'connect' if engine.config.spark.mode == 'connect' else 'local: a JVM of its own'})"
-        )
-        return MaterializeResult(
-            metadata={**_metadata(outcome, rule.queue), "dagster_run_fixed_cost_s": round(fixed, 2)}
-        )
-
-    return _compact
 
 
-def consistency_check(table_name: str, executing_timeout_seconds: int):  # noqa: ANN201 - AssetChecksDefinition
-    @asset_check(
+def check_spec(table_name: str) -> AssetCheckSpec:
+    return AssetCheckSpec(
+        CHECK_NAME,
         asset=table_key(table_name),
-        name=CHECK_NAME,
         blocking=True,
         description="The run's ledger rows are COMMITTED with their snapshot, result files live, replaced "
         "files gone, rows in = rows out, nothing left PREPARED or untracked for the partition.",
     )
-    def _check(context: AssetCheckExecutionContext, compaction: CompactionResource) -> AssetCheckResult:
-        engine = compaction.engine()
-        table = load_table(engine.catalog, table_name)
-        partition = context.run.tags.get(PARTITION_TAG, "")
-        report = check_consistency(table, engine.ledger, partition, context.run.run_id, executing_timeout_seconds)
-        metadata = {"attempts_checked": report.attempts_checked, "partition": partition or "(unpartitioned)"}
-        if not report.passed:
-            metadata |= {
-                "problems": MetadataValue.md("\n".join(f"- {p}" for p in report.problems)),
-                "fix": RECOVER_HINT,
-            }
-        return AssetCheckResult(passed=report.passed, severity=AssetCheckSeverity.ERROR, metadata=metadata)
 
-    return _check
+
+def queue_assets(queue: str, specs: dict[str, AssetSpec], executing_timeout_seconds: int) -> AssetsDefinition:
+    """The assets of every table on `queue`, each with its blocking check, in one op: Dagster
+    builds and snapshots one op for all of them (an op per table costs seconds per thousand
+    tables at every code location load). A run selects one table (and partition); the op
+    compacts it, then checks it. The op's pool is the queue's."""
+    tables = {spec.key: (name, spec.partitions_def is not None) for name, spec in specs.items()}
+
+    @multi_asset(
+        name=f"compact_{queue}",
+        specs=list(specs.values()),
+        check_specs=[check_spec(table) for table, _ in tables.values()],
+        can_subset=True,
+        pool=pool_name(queue),
+    )
+    def _compact(
+        context: AssetExecutionContext, compaction: CompactionResource, pyspark: LazyPySparkResource
+    ) -> Iterator[MaterializeResult | AssetCheckResult]:
+        for key in sorted(context.selected_asset_keys):
+            table_name, partitioned = tables[key]
+            yield compact_table(context, table_name, queue, partitioned, compaction, pyspark)
+        for check in sorted(context.selected_asset_check_keys):
+            yield consistency_check(context, tables[check.asset_key][0], compaction, executing_timeout_seconds)
+
+    return _compact
+
+
+def compact_table(
+    context: AssetExecutionContext,
+    table_name: str,
+    queue: str,
+    partitioned: bool,
+    compaction: CompactionResource,
+    pyspark: LazyPySparkResource,
+) -> MaterializeResult:
+    partition = context.partition_key if partitioned else None
+    engine = compaction.engine(spark=pyspark)
+    outcomes = engine.compact(table_name, partition=partition, task_id=context.run.run_id)
+    for o in outcomes:
+        context.log.info(redact(f"{table_name} [{o.partition_key or 'unpartitioned'}]: {o.status}: {o.reason}"))
+    failed = [o for o in outcomes if not o.ok]
+    if failed:
+        description = redact(f"{table_name}: {failed[0].reason}")
+        raise Failure(description=description, metadata=_metadata(failed[0], queue))
+    outcome = _single(outcomes)
+    fixed = run_fixed_cost(context, outcome.seconds)
+    context.log.info(
+        f"dagster_run_fixed_cost_s={fixed:.2f} (run launch to result, less {outcome.seconds:.2f}s of compaction; "
+        f"spark {'connect' if engine.config.spark.mode == 'connect' else 'local: a JVM of its own'})"
+    )
+    return MaterializeResult(
+        asset_key=table_key(table_name),
+        metadata={**_metadata(outcome, queue), "dagster_run_fixed_cost_s": round(fixed, 2)},
+    )
+
+
+def consistency_check(
+    context: AssetExecutionContext, table_name: str, compaction: CompactionResource, executing_timeout_seconds: int
+) -> AssetCheckResult:
+    engine = compaction.engine()
+    table = load_table(engine.catalog, table_name)
+    partition = context.run.tags.get(PARTITION_TAG, "")
+    report = check_consistency(table, engine.ledger, partition, context.run.run_id, executing_timeout_seconds)
+    metadata = {"attempts_checked": report.attempts_checked, "partition": partition or "(unpartitioned)"}
+    if not report.passed:
+        metadata |= {
+            "problems": MetadataValue.md("\n".join(f"- {p}" for p in report.problems)),
+            "fix": RECOVER_HINT,
+        }
+    return AssetCheckResult(
+        asset_key=table_key(table_name),
+        check_name=CHECK_NAME,
+        passed=report.passed,
+        severity=AssetCheckSeverity.ERROR,
+        metadata=metadata,
+    )
 
 
 def run_fixed_cost(context: AssetExecutionContext, compaction_seconds: float) -> float:

@@ -15,11 +15,11 @@ from urllib.parse import urlparse
 from dagster import (
     AddDynamicPartitionsRequest,
     AssetObservation,
+    AssetSelection,
     DagsterInstance,
     DagsterRunStatus,
     DefaultSensorStatus,
     DeleteDynamicPartitionsRequest,
-    JobDefinition,
     OpExecutionContext,
     RunRequest,
     RunsFilter,
@@ -42,7 +42,6 @@ from compaction_assets.defs.naming import (
     QUEUE_TAG,
     TABLE_TAG,
     WEBSERVER_ENV,
-    job_name,
     partitions_name,
     pool_name,
     table_key,
@@ -106,14 +105,15 @@ def sync_pool_limits(instance: DagsterInstance, config: CompactionConfig) -> Non
 
 
 def fragmentation_sensor(
-    tables: dict[str, bool], jobs: list[JobDefinition], interval_seconds: int, left_out: frozenset[str] = frozenset()
+    tables: dict[str, bool], interval_seconds: int, left_out: frozenset[str] = frozenset()
 ) -> SensorDefinition:
     """`tables`: managed table name -> partitioned?; `left_out`: managed tables that have no asset
-    because they could not be loaded (a catalog change is a table entering or leaving either)."""
+    because they could not be loaded (a catalog change is a table entering or leaving either).
+    A run request selects the table's asset (Dagster's asset job runs it): no job per table."""
 
     @sensor(
         name="fragmentation_sensor",
-        jobs=jobs,
+        asset_selection=AssetSelection.key_prefixes("lake"),
         minimum_interval_seconds=interval_seconds,
         default_status=DefaultSensorStatus.RUNNING,
         description="Plans tables whose snapshot changed, records their fragmentation as observations, and "
@@ -246,7 +246,7 @@ def evaluate_fragmentation(
         run_requests.append(
             RunRequest(
                 run_key=f"{c.table_name}|{c.partition_key}|{c.snapshot_id}",
-                job_name=job_name(c.table_name),
+                asset_selection=[table_key(c.table_name)],
                 partition_key=c.partition_key or None,
                 tags={QUEUE_TAG: c.queue, TABLE_TAG: c.table_name, PRIORITY_TAG: str(d.priority)},
             )
