@@ -1,5 +1,7 @@
 """Names in Dagster for the tables of the lake (the asset-key and tag contracts)."""
 
+from collections.abc import Iterable
+
 from dagster import AssetKey
 
 QUEUE_TAG = "compaction/queue"
@@ -9,6 +11,8 @@ PARTITION_TAG = "dagster/partition"
 CHECK_NAME = "precommit_commit_consistency"
 LOCATION_NAME = "compaction_assets"  # the code location, in workspace.yaml and the demo's workspace
 WEBSERVER_ENV = "COMPACTION_DAGSTER_URL"  # the webserver the sensor asks to reload the code location
+# A JSON list of tables: the code location defines only these (a run worker that knows its run's)
+TABLES_ENV = "COMPACTION_DEFS_TABLES"
 
 
 def table_key(table_name: str) -> AssetKey:
@@ -20,8 +24,12 @@ def partitions_name(table_name: str) -> str:
     return "lake__" + table_name.replace(".", "__")
 
 
-def job_name(table_name: str) -> str:
-    return "compact__" + table_name.replace(".", "__")
+def run_tables(asset_keys: Iterable[AssetKey] | None) -> list[str] | None:
+    """The tables a run of these assets (tables' or their GC's) needs; None if it needs others too."""
+    keys = list(asset_keys or [])
+    if not keys or any(len(k.path) < 3 or k.path[0] not in ("lake", "gc") for k in keys):
+        return None
+    return sorted({".".join(k.path[1:]) for k in keys})
 
 
 def pool_name(queue: str) -> str:
