@@ -346,6 +346,7 @@ def soak(minutes: float, seed: int, slots: int, workdir: str | None, update_read
 @click.option("--large-gib", default=2.0, show_default=True, help="size of the one-group memory run (0: skip)")
 @click.option("--tables", default=1000, show_default=True, help="tables in the sensor-tick scaling run (0: skip)")
 @click.option("--port", default=15102, show_default=True, help="port of the bench's own Spark Connect server")
+@click.option("--defs-tables", default="1000,10000", show_default=True, help="code location sizes to load (0: skip)")
 @click.option("--runs", default=3, show_default=True, help="cold and warm runs in the fixed-cost comparison (0: skip)")
 @click.option("--repeats", default=5, show_default=True, help="runs per contender per dataset (median reported)")
 @click.option("--dir", "workdir", type=click.Path(), default=None, help="scratch folder (default: a temp folder)")
@@ -355,6 +356,7 @@ def bench(
     large_gib: float,
     tables: int,
     port: int,
+    defs_tables: str,
     runs: int,
     repeats: int,
     workdir: str | None,
@@ -366,7 +368,10 @@ def bench(
     from compaction_assets.bench.run import run_bench
 
     sets = [d for d in (SMALL, TINY, CDC) if not names or d.name in names]
-    report = run_bench(Path(workdir) if workdir else None, sets, click.echo, large_gib, tables, port, runs, repeats)
+    sizes = tuple(n for n in (int(x) for x in defs_tables.split(",")) if n)
+    report = run_bench(
+        Path(workdir) if workdir else None, sets, click.echo, large_gib, tables, port, runs, repeats, sizes
+    )
     if as_json:
         click.echo(report.to_json())
 

@@ -9,12 +9,15 @@ transaction. Each figure is taken in a fresh child process:
 - code server: a real code server loaded and its snapshot received (`dagster job launch` does it);
 - run start: `dagster api execute_run` (what a launched run's process runs) from its start to its
   first step's start; `scoped`: as the run host's child, with the run's table in $COMPACTION_DEFS_TABLES.
+Wall seconds on a shared machine follow its load; the CPU seconds beside them much less so.
+`python -m compaction_assets.bench.many_tables [REPEATS [SIZES...]]`
 """
 
 from __future__ import annotations
 
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -123,6 +126,11 @@ def _home(config_path: Path) -> dict[str, str]:
     return {"COMPACTION_CONFIG": str(config_path), "DAGSTER_HOME": str(home)}
 
 
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _child(script: str, config_path: Path) -> list[str]:
     full_env = {**os.environ, **_home(config_path)}
     done = subprocess.run(
@@ -150,15 +158,18 @@ def definitions_load(config_path: Path, cold: bool = False) -> tuple[float, floa
     return inner + max(0.0, interpreter), cpu
 
 
-def code_server_load(config_path: Path) -> tuple[float, int]:
-    """Seconds until a real code server has loaded the location and sent its snapshot; assets."""
-    seconds, assets = _child(_CODE_SERVER, config_path)
-    return float(seconds), int(assets)
+def code_server_load(config_path: Path) -> tuple[float, float]:
+    """Seconds until a real code server has loaded the location and sent its snapshot, and the
+    CPU seconds of the processes (the client and the code server) from start to exit."""
+    cpu = _children_cpu()
+    seconds, _ = _child(_CODE_SERVER, config_path)
+    return float(seconds), _children_cpu() - cpu
 
 
-def run_start(config_path: Path, table: str, scoped: bool) -> float:
+def run_start(config_path: Path, table: str, scoped: bool) -> tuple[float, float]:
     """Seconds from `dagster api execute_run`'s start to its first step's start, for a run of
-    `table` created through a code server (as a launched run is)."""
+    `table` created through a code server (as a launched run is), and the CPU seconds of the
+    worker process, start to exit (its step compacts an empty table: nothing to do)."""
     from dagster._cli.workspace.cli_target import get_code_location_from_workspace, get_workspace_from_cli_opts
     from dagster._grpc.types import ExecuteRunArgs
     from dagster._serdes import serialize_value
@@ -178,14 +189,14 @@ def run_start(config_path: Path, table: str, scoped: bool) -> float:
         args = ExecuteRunArgs(job_origin=run.job_code_origin, run_id=run.run_id, instance_ref=instance.get_ref())
         command = [str(Path(sys.executable).parent / "dagster"), "api", "execute_run", serialize_value(args)]
         scope = {TABLES_ENV: json.dumps([table])} if scoped else {}
-        started = time.time()
+        started, cpu = time.time(), _children_cpu()
         done = subprocess.run(
             command, env={**os.environ, **scope}, cwd=config_path.parent, capture_output=True, text=True
         )
         steps = instance.all_logs(run.run_id, of_type=DagsterEventType.STEP_START)
         if not steps:
             raise RuntimeError(f"bench: the run of {table} never started a step:\n{done.stdout[-3000:]}")
-        return steps[0].timestamp - started
+        return steps[0].timestamp - started, _children_cpu() - cpu
 
 
 def measure(sizes: tuple[int, ...] = (1000, 10000), repeats: int = 3, log: Callable[[str], None] = print) -> dict:
@@ -195,17 +206,28 @@ def measure(sizes: tuple[int, ...] = (1000, 10000), repeats: int = 3, log: Calla
     for k in range(repeats):
         for n, config_path in lakes.items():
             table = table_names(n)[n // 2]
+            cold, warm = definitions_load(config_path, cold=True), definitions_load(config_path)
+            server, unscoped, scoped = (
+                code_server_load(config_path),
+                run_start(config_path, table, scoped=False),
+                run_start(config_path, table, scoped=True),
+            )
             sample = {
-                f"definitions_{n}_cold_s": definitions_load(config_path, cold=True)[0],
-                f"definitions_{n}_s": (warm := definitions_load(config_path))[0],
+                f"definitions_{n}_cold_s": cold[0],
+                f"definitions_{n}_s": warm[0],
                 f"definitions_{n}_cpu_s": warm[1],
-                f"code_server_{n}_s": code_server_load(config_path)[0],
-                f"run_start_{n}_s": run_start(config_path, table, scoped=False),
-                f"run_start_{n}_scoped_s": run_start(config_path, table, scoped=True),
+                f"code_server_{n}_s": server[0],
+                f"code_server_{n}_cpu_s": server[1],
+                f"run_start_{n}_s": unscoped[0],
+                f"run_worker_{n}_cpu_s": unscoped[1],
+                f"run_start_{n}_scoped_s": scoped[0],
+                f"run_worker_{n}_scoped_cpu_s": scoped[1],
             }
             for key, value in sample.items():
                 figures.setdefault(key, []).append(value)
-            log(f"[tables] {n} tables, round {k + 1}/{repeats}: " + ", ".join(f"{a} {b:.2f}" for a, b in sample.items()))
+            log(
+                f"[tables] {n} tables, round {k + 1}/{repeats}: " + ", ".join(f"{a} {b:.2f}" for a, b in sample.items())
+            )
     return {key: statistics.median(values) for key, values in figures.items()} | {"sizes": list(sizes)}
 
 
@@ -216,17 +238,19 @@ def report_lines(result: dict) -> list[str]:
         lines.append(
             f"definitions_{label}_tables_s={result[f'definitions_{n}_s']:.2f} "
             f"(cpu {result[f'definitions_{n}_cpu_s']:.2f}s; first load, cold details cache "
-            f"{result[f'definitions_{n}_cold_s']:.2f}s; real code server loaded {result[f'code_server_{n}_s']:.2f}s)"
+            f"{result[f'definitions_{n}_cold_s']:.2f}s; real code server loaded {result[f'code_server_{n}_s']:.2f}s, "
+            f"cpu {result[f'code_server_{n}_cpu_s']:.2f}s)"
         )
         lines.append(
             f"run_start_{label}_tables_s={result[f'run_start_{n}_scoped_s']:.2f} "
-            f"(run host's worker, defines its run's table; `dagster api execute_run` defining all: "
-            f"{result[f'run_start_{n}_s']:.2f}s)"
+            f"(worker cpu {result[f'run_worker_{n}_scoped_cpu_s']:.2f}s; the run host's worker defines its run's "
+            f"table; `dagster api execute_run` defining all: {result[f'run_start_{n}_s']:.2f}s, "
+            f"cpu {result[f'run_worker_{n}_cpu_s']:.2f}s)"
         )
     return lines
 
 
 if __name__ == "__main__":
-    sizes = tuple(int(a) for a in sys.argv[1:]) or (1000, 10000)
-    outcome = measure(sizes)
+    args = [int(a) for a in sys.argv[1:]]
+    outcome = measure(tuple(args[1:]) or (1000, 10000), repeats=args[0]) if args else measure()
     print("\n".join(report_lines(outcome)))

@@ -21,7 +21,7 @@ import pyarrow.dataset as ds
 import yaml
 from pyiceberg.table import Table
 
-from compaction_assets.bench import cdc, contenders, datasets, fixed_cost, planning_scale
+from compaction_assets.bench import cdc, contenders, datasets, fixed_cost, many_tables, planning_scale
 from compaction_assets.bench.datasets import Dataset
 from compaction_assets.config import load_config
 from compaction_assets.engine import Engine
@@ -237,6 +237,7 @@ def run_bench(
     port: int,
     runs: int,
     repeats: int,
+    defs_tables: tuple[int, ...] = (1000, 10000),
 ) -> BenchReport:
     """Everything `compaction-assets bench` prints (its options document the defaults)."""
     root = Path(workdir or tempfile.mkdtemp(prefix="compaction-bench-"))
@@ -275,6 +276,8 @@ def run_bench(
             report.extras["fixed_cost"] = fixed_cost.measure(config_path, port, runs, log=log)
         if tables:
             report.extras["planning"] = planning_scale.measure(config_path, tables, log=log)
+        if defs_tables:
+            report.extras["many_tables"] = many_tables.measure(defs_tables, log=log)
     finally:
         shutil.rmtree(root / "data", ignore_errors=True)
     for d in report.datasets:
@@ -299,6 +302,8 @@ def run_bench(
             f"dagster_host_over_local={cost['dagster_host_over_local']:.3f} "
             f"(run {cost['dagster_host_run_s']:.1f}s from RUN_STARTING, {cost['dagster_run_local_s']:.1f}s local)"
         )
+    for line in many_tables.report_lines(report.extras["many_tables"]) if defs_tables else []:
+        log(line)
     if commits := report.extras.get("commits"):
         log(f"commits_per_table={commits['commits']} for {commits['partitions_compacted']} partitions")
     for d in report.datasets:
