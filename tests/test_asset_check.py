@@ -5,6 +5,7 @@ from dagster import AssetKey, RunRequest, build_sensor_context, instance_for_tes
 
 from compaction_assets.config import load_config
 from compaction_assets.defs.build import build_definitions, table_job
+from compaction_assets.defs.naming import op_name
 from compaction_assets.defs.resources import CompactionResource
 from compaction_assets.lake.digest import rows_digest
 from tests.conftest import create_fragmented
@@ -28,7 +29,7 @@ def run_partition(lake, instance, partition: str):
 
 
 def materialization_metadata(result) -> dict:
-    [event] = result.asset_materializations_for_node("compact_default")
+    [event] = result.asset_materializations_for_node(op_name("default", "ns.t"))
     return {k: v.value for k, v in event.metadata.items()}
 
 

@@ -59,15 +59,17 @@ def check_spec(table_name: str) -> AssetCheckSpec:
     )
 
 
-def queue_assets(queue: str, specs: dict[str, AssetSpec], executing_timeout_seconds: int) -> AssetsDefinition:
-    """The assets of every table on `queue`, each with its blocking check, in one op: Dagster
-    builds and snapshots one op for all of them (an op per table costs seconds per thousand
-    tables at every code location load). A run selects one table (and partition); the op
-    compacts it, then checks it. The op's pool is the queue's."""
+def queue_assets(
+    name: str, queue: str, specs: dict[str, AssetSpec], executing_timeout_seconds: int
+) -> AssetsDefinition:
+    """Tables of `queue` (see naming.op_name), each with its blocking check, as the assets of one
+    op: Dagster builds and snapshots an op for many tables at a fraction of an op per table's cost
+    (seconds per thousand tables at every code location load). A run selects one table (and
+    partition); the op compacts it, then checks it. The op's pool is the queue's."""
     tables = {spec.key: (name, spec.partitions_def is not None) for name, spec in specs.items()}
 
     @multi_asset(
-        name=f"compact_{queue}",
+        name=name,
         specs=list(specs.values()),
         check_specs=[check_spec(table) for table, _ in tables.values()],
         can_subset=True,

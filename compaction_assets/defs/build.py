@@ -2,8 +2,9 @@
 
 Loading them costs one catalog query (SQL catalogs: names and metadata files of every table) and
 one query of the details cache (lake/table_details); a metadata file is read only the first time
-it is seen. The Dagster objects are one op per queue (every table of the queue is an asset of
-it) and one GC op, not an op and a job per table: the sensor requests a table by asset selection.
+it is seen. The Dagster objects are a few ops per queue (each table of the queue is an asset of
+one of them: see naming.op_name) and one GC op, not an op and a job per table: the sensor
+requests a table by asset selection.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from compaction_assets.config import CompactionConfig
 from compaction_assets.defs.assets import queue_assets, table_spec
 from compaction_assets.defs.demo_writer import DEMO_WRITER_KEY, orders_stream
 from compaction_assets.defs.gc_assets import gc_assets, gc_schedule
-from compaction_assets.defs.naming import table_key
+from compaction_assets.defs.naming import op_name, table_key
 from compaction_assets.defs.resources import CompactionResource, pyspark_resource
 from compaction_assets.defs.sensors import fragmentation_sensor, recover_job, recovery_sensor, restart_spark_server_job
 from compaction_assets.errors import ConfigError
@@ -41,7 +42,7 @@ def build_definitions(config: CompactionConfig, only: Collection[str] | None = N
         details = managed_details(catalog, versions, cache, lambda message: log.warning(redact(message)))
     finally:
         cache.dispose()
-    specs_by_queue: dict[str, dict[str, AssetSpec]] = {}
+    specs_by_op: dict[tuple[str, str], dict[str, AssetSpec]] = {}
     upstream: set[AssetKey] = set()
     for name, found in details.items():
         rule = config.rule_for(name)
@@ -50,10 +51,10 @@ def build_definitions(config: CompactionConfig, only: Collection[str] | None = N
         except ConfigError:
             policy = Policy()  # the sensor reports the invalid property on every tick
         spec = table_spec(name, rule, found.partitioned, found.location, policy)
-        specs_by_queue.setdefault(rule.queue, {})[name] = spec
+        specs_by_op.setdefault((op_name(rule.queue, name), rule.queue), {})[name] = spec
         upstream.update(AssetKey.from_user_string(u) for u in rule.upstream)
     timeout = config.state.executing_timeout_seconds
-    assets: list = [queue_assets(queue, specs, timeout) for queue, specs in sorted(specs_by_queue.items())]
+    assets: list = [queue_assets(op, queue, specs, timeout) for (op, queue), specs in sorted(specs_by_op.items())]
     if details:
         assets.append(gc_assets(list(details)))
     if DEMO_WRITER_KEY in upstream:

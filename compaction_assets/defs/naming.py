@@ -1,5 +1,7 @@
 """Names in Dagster for the tables of the lake (the asset-key and tag contracts)."""
 
+import re
+import zlib
 from collections.abc import Iterable
 
 from dagster import AssetKey
@@ -30,6 +32,17 @@ def run_tables(asset_keys: Iterable[AssetKey] | None) -> list[str] | None:
     if not keys or any(len(k.path) < 3 or k.path[0] not in ("lake", "gc") for k in keys):
         return None
     return sorted({".".join(k.path[1:]) for k in keys})
+
+
+OP_BUCKETS = 64
+
+
+def op_name(queue: str, table_name: str) -> str:
+    """The op whose asset the table is. Dagster validates a multi-asset's checks in time quadratic
+    in its assets (1.13), so a queue's tables are spread over OP_BUCKETS ops by a hash of the name:
+    the same op in every process (a run worker defining only its table names the code server's)."""
+    bucket = zlib.crc32(table_name.encode()) % OP_BUCKETS
+    return f"compact_{re.sub(r'[^A-Za-z0-9_]', '_', queue)}_{bucket:02d}"
 
 
 def pool_name(queue: str) -> str:
