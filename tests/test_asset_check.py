@@ -9,7 +9,8 @@ from dagster._core.test_utils import create_run_for_test
 
 from compaction_assets.commit.ledger import Status
 from compaction_assets.config import load_config
-from compaction_assets.defs.build import build_definitions
+from compaction_assets.defs.build import build_definitions, table_job
+from compaction_assets.defs.naming import op_name
 from compaction_assets.defs.resources import CompactionResource
 from compaction_assets.lake.digest import batches_digest, rows_digest
 from tests.conftest import create_fragmented, data_files
@@ -27,14 +28,14 @@ def instance():
 def run_partition(lake, instance, partition: str):
     defs = build_definitions(load_config(lake.config_path))
     instance.add_dynamic_partitions("lake__ns__t", [partition])
-    job = defs.resolve_job_def("compact__ns__t")
+    job = table_job(defs, "ns.t")
     result = job.execute_in_process(instance=instance, partition_key=partition, raise_on_error=False)
     [check] = result.get_asset_check_evaluations() or [None]
     return result, check
 
 
 def materialization_metadata(result) -> dict:
-    [event] = result.asset_materializations_for_node("lake__ns__t")
+    [event] = result.asset_materializations_for_node(op_name("default", "ns.t"))
     return {k: v.value for k, v in event.metadata.items()}
 
 
@@ -66,7 +67,7 @@ def test_materialising_a_partition_compacts_it_and_the_check_passes(lake, instan
         txn.set_properties({"history.expire.max-snapshot-age-ms": "0"})
     defs = build_definitions(load_config(lake.config_path))
     gc = defs.resolve_job_def("gc_all_tables").execute_in_process(instance=instance)
-    [event] = gc.asset_materializations_for_node("gc__ns__t")
+    [event] = gc.asset_materializations_for_node("gc_tables")
     assert event.metadata["files_deleted"].value >= 30 and event.metadata["bytes_reclaimed"].value > 0
     assert rows_digest(lake.table("ns.t")) == before
 
@@ -117,19 +118,18 @@ def test_a_run_over_a_range_of_partitions_reports_each_and_a_failing_one_alone(l
     for r in tick.dynamic_partitions_requests:  # what the daemon does before it launches the run
         instance.add_dynamic_partitions(r.partitions_def_name, r.partition_keys)
     starting = DagsterRunStatus.STARTING
-    queued = create_run_for_test(instance, job_name=request.job_name, status=starting, tags=request.tags)
+    assert request.asset_selection == [KEY] and request.job_name is None
+    queued = create_run_for_test(instance, job_name="__ASSET_JOB", status=starting, tags=request.tags)
     again = sensor(build_sensor_context(instance=instance, definitions=defs, resources=resources))
     assert again.run_requests == []  # every partition of the range is in flight
     instance.delete_run(queued.run_id)
     [corrupt] = [f["file_path"] for f in data_files(table) if f["partition"]["region"] == "r07"][:1]
     Path(urlparse(corrupt).path).write_bytes(b"PAR1 this is not a parquet file PAR1")
 
-    result = defs.resolve_job_def("compact__ns__t").execute_in_process(
-        instance=instance, tags=request.tags, raise_on_error=False
-    )
+    result = table_job(defs, "ns.t").execute_in_process(instance=instance, tags=request.tags, raise_on_error=False)
 
     assert not result.success  # r07 failed
-    events = result.asset_materializations_for_node("lake__ns__t")
+    events = result.asset_materializations_for_node(op_name("default", "ns.t"))
     meta = {e.partition: {k: v.value for k, v in e.metadata.items()} for e in events}
     assert sorted(meta) == [f"region={r}" for r in regions if r != "r07"]
     assert all(m["status"] == "committed" and m["data_files_after"] == 1 and m["rows"] == 60 for m in meta.values())
