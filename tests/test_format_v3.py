@@ -93,7 +93,9 @@ def test_a_failure_after_attempts_began_abandons_them(lake):
     files = {f.path: f for f in live_files(table)}
 
     with pytest.raises(NotImplementedError):
-        engine._begin(load_table(engine.catalog, "ns.t"), "ns.t", tplan, files, tplan.to_compact, (None, len(tplan.to_compact)))
+        engine._begin(
+            load_table(engine.catalog, "ns.t"), "ns.t", tplan, files, tplan.to_compact, (None, len(tplan.to_compact))
+        )
 
     attempts = engine.ledger.attempts()
     assert len(attempts) == 2
