@@ -103,9 +103,12 @@ def test_check_fails_and_blocks_on_a_task_left_prepared_until_recovered(lake, in
 def test_a_run_over_a_range_of_partitions_reports_each_and_a_failing_one_alone(lake, instance):
     """The sensor asks one run for a table's 30 fragmented partitions; the run compacts them in one
     commit, reports a materialisation and a check result per partition, and fails naming the one
-    partition whose file is corrupt, the 29 others committed."""
+    partition whose file is corrupt, the 29 others committed. A neighbour in the same op, with
+    partitions of its own (nothing worth compacting), is left alone."""
     regions = [f"r{i:02d}" for i in range(30)]
     table = create_fragmented(lake, "ns.t", dict.fromkeys(regions, 6), rows=10)
+    assert op_name("default", "ns.t77") == op_name("default", "ns.t")
+    create_fragmented(lake, "ns.t77", {"eu": 1, "r00": 1})
     healthy = "region != 'r07'"
     before = batches_digest(table.scan(row_filter=healthy).to_arrow_batch_reader())
     snapshots = len(table.metadata.snapshots)
@@ -132,10 +135,12 @@ def test_a_run_over_a_range_of_partitions_reports_each_and_a_failing_one_alone(l
     events = result.asset_materializations_for_node(op_name("default", "ns.t"))
     meta = {e.partition: {k: v.value for k, v in e.metadata.items()} for e in events}
     assert sorted(meta) == [f"region={r}" for r in regions if r != "r07"]
+    assert {e.asset_key for e in events} == {KEY}  # ns.t77, in the same op, is not selected
     assert all(m["status"] == "committed" and m["data_files_after"] == 1 and m["rows"] == 60 for m in meta.values())
     assert {m["partitions_in_run"] for m in meta.values()} == {30}
     checks = {c.partition: c for c in result.get_asset_check_evaluations()}
     assert sorted(checks) == [f"region={r}" for r in regions]  # every partition of the run, r07 included
+    assert {c.asset_key for c in checks.values()} == {KEY}
     assert all(c.passed for c in checks.values())  # r07's failed attempt left nothing behind
     [failure] = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
     assert "1 of 30 partition(s) failed" in failure.event_specific_data.error.message

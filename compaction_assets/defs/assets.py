@@ -3,7 +3,7 @@
 import time
 import warnings
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
 from dagster import (
     AssetCheckEvaluation,
@@ -103,7 +103,7 @@ def compact_table(
     partitioned: bool,
     compaction: CompactionResource,
     pyspark: LazyPySparkResource,
-) -> Iterator[AssetMaterialization | AssetCheckEvaluation | Output]:
+) -> Generator[AssetMaterialization | AssetCheckEvaluation | Output, None, list[Failure]]:
     """Compacts the run's partitions of the table (one, or a range: the sensor's batches) in one
     Spark job and one commit; reports a materialisation per partition compacted or left alone and
     the blocking consistency check per partition of the run. Returns (as a generator's value) the
