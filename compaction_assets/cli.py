@@ -355,6 +355,7 @@ def soak(minutes: float, seed: int, slots: int, workdir: str | None, update_read
     "--planning-files", default=200_000, show_default=True, help="files of the one-table planning run (0: skip)"
 )
 @click.option("--port", default=15102, show_default=True, help="port of the bench's own Spark Connect server")
+@click.option("--defs-tables", default="1000,10000", show_default=True, help="code location sizes to load (0: skip)")
 @click.option("--runs", default=3, show_default=True, help="cold and warm runs in the fixed-cost comparison (0: skip)")
 @click.option("--repeats", default=5, show_default=True, help="runs per contender per dataset (median reported)")
 @click.option("--drain-partitions", default=2000, show_default=True, help="partitions of the drain run (0: skip)")
@@ -366,6 +367,7 @@ def bench(
     tables: int,
     planning_files: int,
     port: int,
+    defs_tables: str,
     runs: int,
     repeats: int,
     drain_partitions: int,
@@ -379,6 +381,7 @@ def bench(
     from compaction_assets.bench.s3_dataset import S3
 
     sets = [d for d in (SMALL, TINY, TYPED, WIDE, CDC, S3) if not names or d.name in names]
+    sizes = tuple(n for n in (int(x) for x in defs_tables.split(",")) if n)
     report = run_bench(
         Path(workdir) if workdir else None,
         sets,
@@ -390,6 +393,7 @@ def bench(
         repeats,
         drain_partitions,
         planning_files,
+        sizes,
     )
     if as_json:
         click.echo(report.to_json())

@@ -9,7 +9,8 @@ from dagster._core.test_utils import create_run_for_test
 
 from compaction_assets.commit.ledger import Status
 from compaction_assets.config import load_config
-from compaction_assets.defs.build import build_definitions
+from compaction_assets.defs.build import build_definitions, table_job
+from compaction_assets.defs.naming import op_name
 from compaction_assets.defs.resources import CompactionResource
 from compaction_assets.lake.digest import batches_digest, rows_digest
 from tests.conftest import create_fragmented, data_files
@@ -27,14 +28,14 @@ def instance():
 def run_partition(lake, instance, partition: str):
     defs = build_definitions(load_config(lake.config_path))
     instance.add_dynamic_partitions("lake__ns__t", [partition])
-    job = defs.resolve_job_def("compact__ns__t")
+    job = table_job(defs, "ns.t")
     result = job.execute_in_process(instance=instance, partition_key=partition, raise_on_error=False)
     [check] = result.get_asset_check_evaluations() or [None]
     return result, check
 
 
 def materialization_metadata(result) -> dict:
-    [event] = result.asset_materializations_for_node("lake__ns__t")
+    [event] = result.asset_materializations_for_node(op_name("default", "ns.t"))
     return {k: v.value for k, v in event.metadata.items()}
 
 
@@ -66,7 +67,7 @@ def test_materialising_a_partition_compacts_it_and_the_check_passes(lake, instan
         txn.set_properties({"history.expire.max-snapshot-age-ms": "0"})
     defs = build_definitions(load_config(lake.config_path))
     gc = defs.resolve_job_def("gc_all_tables").execute_in_process(instance=instance)
-    [event] = gc.asset_materializations_for_node("gc__ns__t")
+    [event] = gc.asset_materializations_for_node("gc_tables")
     assert event.metadata["files_deleted"].value >= 30 and event.metadata["bytes_reclaimed"].value > 0
     assert rows_digest(lake.table("ns.t")) == before
 
@@ -102,9 +103,12 @@ def test_check_fails_and_blocks_on_a_task_left_prepared_until_recovered(lake, in
 def test_a_run_over_a_range_of_partitions_reports_each_and_a_failing_one_alone(lake, instance):
     """The sensor asks one run for a table's 30 fragmented partitions; the run compacts them in one
     commit, reports a materialisation and a check result per partition, and fails naming the one
-    partition whose file is corrupt, the 29 others committed."""
+    partition whose file is corrupt, the 29 others committed. A neighbour in the same op, with
+    partitions of its own (nothing worth compacting), is left alone."""
     regions = [f"r{i:02d}" for i in range(30)]
     table = create_fragmented(lake, "ns.t", dict.fromkeys(regions, 6), rows=10)
+    assert op_name("default", "ns.t77") == op_name("default", "ns.t")
+    create_fragmented(lake, "ns.t77", {"eu": 1, "r00": 1})
     healthy = "region != 'r07'"
     before = batches_digest(table.scan(row_filter=healthy).to_arrow_batch_reader())
     snapshots = len(table.metadata.snapshots)
@@ -117,25 +121,26 @@ def test_a_run_over_a_range_of_partitions_reports_each_and_a_failing_one_alone(l
     for r in tick.dynamic_partitions_requests:  # what the daemon does before it launches the run
         instance.add_dynamic_partitions(r.partitions_def_name, r.partition_keys)
     starting = DagsterRunStatus.STARTING
-    queued = create_run_for_test(instance, job_name=request.job_name, status=starting, tags=request.tags)
+    assert request.asset_selection == [KEY] and request.job_name is None
+    queued = create_run_for_test(instance, job_name="__ASSET_JOB", status=starting, tags=request.tags)
     again = sensor(build_sensor_context(instance=instance, definitions=defs, resources=resources))
     assert again.run_requests == []  # every partition of the range is in flight
     instance.delete_run(queued.run_id)
     [corrupt] = [f["file_path"] for f in data_files(table) if f["partition"]["region"] == "r07"][:1]
     Path(urlparse(corrupt).path).write_bytes(b"PAR1 this is not a parquet file PAR1")
 
-    result = defs.resolve_job_def("compact__ns__t").execute_in_process(
-        instance=instance, tags=request.tags, raise_on_error=False
-    )
+    result = table_job(defs, "ns.t").execute_in_process(instance=instance, tags=request.tags, raise_on_error=False)
 
     assert not result.success  # r07 failed
-    events = result.asset_materializations_for_node("lake__ns__t")
+    events = result.asset_materializations_for_node(op_name("default", "ns.t"))
     meta = {e.partition: {k: v.value for k, v in e.metadata.items()} for e in events}
     assert sorted(meta) == [f"region={r}" for r in regions if r != "r07"]
+    assert {e.asset_key for e in events} == {KEY}  # ns.t77, in the same op, is not selected
     assert all(m["status"] == "committed" and m["data_files_after"] == 1 and m["rows"] == 60 for m in meta.values())
     assert {m["partitions_in_run"] for m in meta.values()} == {30}
     checks = {c.partition: c for c in result.get_asset_check_evaluations()}
     assert sorted(checks) == [f"region={r}" for r in regions]  # every partition of the run, r07 included
+    assert {c.asset_key for c in checks.values()} == {KEY}
     assert all(c.passed for c in checks.values())  # r07's failed attempt left nothing behind
     [failure] = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
     assert "1 of 30 partition(s) failed" in failure.event_specific_data.error.message

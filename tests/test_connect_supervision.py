@@ -19,7 +19,7 @@ from dagster import DagsterEventType, DagsterRunStatus, RunRequest, build_sensor
 from dagster._core.test_utils import create_run_for_test
 
 from compaction_assets.config import CompactionConfig, load_config
-from compaction_assets.defs.build import build_definitions
+from compaction_assets.defs.build import build_definitions, table_job
 from compaction_assets.defs.resources import CompactionResource
 from compaction_assets.defs.sensors import RESTART_JOB
 from compaction_assets.engine import Engine
@@ -225,7 +225,7 @@ def test_runs_that_find_no_server_fail_at_once_and_are_not_retried(tmp_path, ins
         defs = build_definitions(load_config(lake.config_path))
         instance.add_dynamic_partitions("lake__ns__t", ["region=eu"])
         began = time.monotonic()
-        result = defs.resolve_job_def("compact__ns__t").execute_in_process(
+        result = table_job(defs, "ns.t").execute_in_process(
             instance=instance, partition_key="region=eu", raise_on_error=False
         )
         dagster_seconds = time.monotonic() - began
@@ -296,7 +296,7 @@ def test_a_server_that_died_is_restarted_by_the_recovery_sensor_with_a_new_sessi
 
     # A Dagster run with definitions loaded before the restart, and a CLI run: both through it.
     instance.add_dynamic_partitions("lake__ns__after", ["region=eu"])
-    run = loaded_before.resolve_job_def("compact__ns__after").execute_in_process(
+    run = table_job(loaded_before, "ns.after").execute_in_process(
         instance=instance, partition_key="region=eu", raise_on_error=False
     )
     assert run.success

@@ -19,9 +19,8 @@ from compaction_assets.bench.fixed_cost import trivial_table
 from compaction_assets.config import load_config
 from compaction_assets.dagster_host.launcher import HOST_PID_TAG
 from compaction_assets.dagster_host.protocol import SOCKET_NAME
-from compaction_assets.defs.naming import job_name
 from compaction_assets.lake.catalog import open_catalog
-from tests.conftest import REPO, venv_bin, write_config
+from tests.conftest import REPO, write_config
 
 DAGSTER_YAML = """telemetry: {enabled: false}
 run_launcher:
@@ -59,9 +58,9 @@ def start_host(home: Path) -> subprocess.Popen:
 
 
 def launch(home: Path, table: str) -> str:
-    """`dagster job launch`: the instance's run launcher launches it; returns the run id."""
+    """As `dagster job launch`: the instance's run launcher launches it; returns the run id."""
     before = {r.run_id for r in DagsterInstance.get().get_runs()}
-    command = [venv_bin("dagster"), "job", "launch", "-m", "compaction_assets.definitions", "-j", job_name(table)]
+    command = [sys.executable, "-m", "compaction_assets.dagster_host.submit", table]
     done = subprocess.run(command, cwd=home, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     [run_id] = {r.run_id for r in DagsterInstance.get().get_runs()} - before

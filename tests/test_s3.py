@@ -29,7 +29,8 @@ from compaction_assets import local_s3
 from compaction_assets.commit.consistency import check_consistency
 from compaction_assets.commit.ledger import Status
 from compaction_assets.config import load_config
-from compaction_assets.defs.build import build_definitions
+from compaction_assets.defs.build import build_definitions, table_job
+from compaction_assets.defs.naming import op_name
 from compaction_assets.lake.digest import row_hashes, rows_digest
 from compaction_assets.lake.files import live_files
 from compaction_assets.lake.storage import files_with_prefix
@@ -151,13 +152,13 @@ def test_dagster_run_on_s3_materialises_passes_its_check_and_leaks_no_credential
     with instance_for_test() as instance:
         defs = build_definitions(load_config(s3_lake.config_path))
         instance.add_dynamic_partitions("lake__ns__t", ["region=eu"])
-        job = defs.resolve_job_def("compact__ns__t")
+        job = table_job(defs, "ns.t")
         result = job.execute_in_process(instance=instance, partition_key="region=eu", raise_on_error=False)
 
         assert result.success
         [check] = result.get_asset_check_evaluations()
         assert check.passed and check.check_name == "precommit_commit_consistency", check.metadata
-        [event] = result.asset_materializations_for_node("lake__ns__t")
+        [event] = result.asset_materializations_for_node(op_name("default", "ns.t"))
         metadata = {k: v.value for k, v in event.metadata.items()}
         assert metadata["status"] == "committed" and (metadata["data_files_before"], metadata["data_files_after"]) == (
             12,

@@ -6,7 +6,14 @@ import time
 
 import pytest
 import yaml
-from dagster import AddDynamicPartitionsRequest, DagsterRunStatus, RunRequest, build_sensor_context, instance_for_test
+from dagster import (
+    AddDynamicPartitionsRequest,
+    AssetKey,
+    DagsterRunStatus,
+    RunRequest,
+    build_sensor_context,
+    instance_for_test,
+)
 from dagster._core.test_utils import create_run_for_test
 
 from compaction_assets.config import load_config
@@ -75,7 +82,7 @@ def test_requests_carry_queue_table_and_priority_tags_and_sync_partitions(queued
     assert len(result.run_requests) == 3
     for (table, partition), run in runs.items():
         assert run.tags["compaction/queue"] == ("high" if table == "sales.orders" else "default")
-        assert run.job_name == "compact__" + table.replace(".", "__")
+        assert run.asset_selection == [AssetKey(["lake", *table.split(".")])] and run.job_name is None
         assert run.run_key.startswith(f"{table}|{partition}|" if table == "ns.flat" else f"{table}|region=")
     orders = runs[("sales.orders", "region=eu")]
     assert (orders.tags["dagster/asset_partition_range_start"], orders.tags["dagster/asset_partition_range_end"]) == (

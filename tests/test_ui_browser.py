@@ -17,7 +17,7 @@ from dagster import DagsterInstance
 from dagster._core.instance.ref import InstanceRef
 
 from compaction_assets.config import load_config
-from compaction_assets.defs.build import build_definitions
+from compaction_assets.defs.build import build_definitions, table_job
 from compaction_assets.demo import claim_demo_catalog, create_demo_lake
 from compaction_assets.engine import Engine
 from tests.conftest import REPO, free_port, venv_bin
@@ -56,7 +56,7 @@ def demo_ui(tmp_path_factory, spark):
         engine.set_enabled(table, False)  # paused: the page under test stays still
     instance = DagsterInstance.from_ref(InstanceRef.from_dir(str(home)))
     instance.add_dynamic_partitions("lake__sales__orders", ORDERS_PARTITIONS)
-    job = build_definitions(config).resolve_job_def("compact__sales__orders")
+    job = table_job(build_definitions(config), "sales.orders")
     for partition in ORDERS_PARTITIONS:
         assert job.execute_in_process(instance=instance, partition_key=partition).success
     instance.dispose()

@@ -24,7 +24,8 @@ from dagster import AddDynamicPartitionsRequest, DagsterInstance, build_sensor_c
 
 from compaction_assets.commit.ledger import Status
 from compaction_assets.config import load_config
-from compaction_assets.defs.build import build_definitions
+from compaction_assets.defs.build import build_definitions, table_job
+from compaction_assets.defs.naming import TABLE_TAG
 from compaction_assets.defs.resources import CompactionResource
 from compaction_assets.engine import Engine
 from compaction_assets.execution.spark import spark_session
@@ -84,7 +85,7 @@ def drain(config_path: Path, instance: DagsterInstance, log: Callable[[str], Non
         if not result.run_requests:
             return time.perf_counter() - started, runs, ticks
         for request in result.run_requests:
-            job = defs.resolve_job_def(request.job_name)
+            job = table_job(defs, request.tags[TABLE_TAG])
             began = time.perf_counter()
             run = job.execute_in_process(
                 instance=instance, partition_key=request.partition_key, tags=request.tags, raise_on_error=False

@@ -21,7 +21,7 @@ from dagster import DagsterEventType, DagsterInstance
 from compaction_assets.bench.datasets import rows
 from compaction_assets.config import load_config
 from compaction_assets.dagster_host import process as run_host
-from compaction_assets.defs.naming import job_name
+from compaction_assets.defs.naming import table_key
 from compaction_assets.demo import append_fragments
 from compaction_assets.execution import connect_server
 from compaction_assets.lake.catalog import open_catalog
@@ -45,6 +45,11 @@ def timed_compact(config_path: Path, name: str) -> float:
     return seconds
 
 
+def asset_path(name: str) -> str:
+    """The table's asset key as `dagster asset materialize --select` takes it."""
+    return table_key(name).to_user_string()
+
+
 _COMPACTION_S = re.compile(r"dagster_run_fixed_cost_s=[0-9.]+ \(run launch to result, less ([0-9.]+)s of compaction")
 
 
@@ -55,7 +60,7 @@ def timed_dagster_run(config_path: Path, name: str) -> tuple[float, float]:
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     env = {**os.environ, "COMPACTION_CONFIG": str(config_path), "DAGSTER_HOME": str(home)}
     dagster = str(Path(sys.executable).parent / "dagster")
-    command = [dagster, "job", "execute", "-m", "compaction_assets.definitions", "-j", job_name(name)]
+    command = [dagster, "asset", "materialize", "-m", "compaction_assets.definitions", "--select", asset_path(name)]
     started = time.perf_counter()
     done = subprocess.run(command, env=env, cwd=home, capture_output=True, text=True)
     seconds = time.perf_counter() - started
@@ -76,7 +81,7 @@ run_coordinator:
 def timed_host_runs(config_path: Path, names: list[str], log=print) -> list[tuple[float, float]]:  # noqa: ANN001
     """(RUN_STARTING to RUN_SUCCESS seconds, logged fixed cost) of runs launched into the run host.
 
-    `dagster job launch` loads the code location in a code server of its own first (a deployment
+    The launch (dagster_host.submit) loads the code location in a code server of its own first (a deployment
     has it loaded already), so the clock starts at the run's RUN_STARTING event, as the run's own does.
     """
     home = config_path.parent / "dagster-host-home"
@@ -90,11 +95,10 @@ def timed_host_runs(config_path: Path, names: list[str], log=print) -> list[tupl
     try:
         with DagsterInstance.from_config(str(home)) as instance:
             for name in names:
-                command = [str(Path(sys.executable).parent / "dagster"), "job", "launch"]
-                command += ["-m", "compaction_assets.definitions", "-j", job_name(name)]
+                command = [sys.executable, "-m", "compaction_assets.dagster_host.submit", name]
                 done = subprocess.run(command, env=env, cwd=home, capture_output=True, text=True)
                 if done.returncode != 0:
-                    raise RuntimeError(f"bench: dagster job launch of {name} failed:\n{done.stderr[-3000:]}")
+                    raise RuntimeError(f"bench: launching a run of {name} failed:\n{done.stderr[-3000:]}")
                 [run] = instance.get_runs(limit=1)
                 while not (run := instance.get_run_by_id(run.run_id)).is_finished:
                     time.sleep(0.2)

@@ -27,6 +27,7 @@ from compaction_assets.bench import (
     datasets,
     drain,
     fixed_cost,
+    many_tables,
     memory,
     plan_at_scale,
     planning_scale,
@@ -257,6 +258,7 @@ def run_bench(
     repeats: int,
     drain_partitions: int = 2000,
     planning_files: int = 200_000,
+    defs_tables: tuple[int, ...] = (1000, 10000),
 ) -> BenchReport:
     """Everything `compaction-assets bench` prints (its options document the defaults)."""
     root = Path(workdir or tempfile.mkdtemp(prefix="compaction-bench-"))
@@ -304,6 +306,8 @@ def run_bench(
             report.extras["drain"] = drain.measure(root / "data", drain_partitions, log=log)
         if planning_files:
             report.extras["plan_at_scale"] = plan_at_scale.measure(planning_files, log=log)
+        if defs_tables:
+            report.extras["many_tables"] = many_tables.measure(defs_tables, log=log)
     finally:
         shutil.rmtree(root / "data", ignore_errors=True)
     for d in report.datasets:
@@ -332,6 +336,8 @@ def run_bench(
         )
     if figures := report.extras.get("drain"):
         drain.report(figures, log)
+    for line in many_tables.report_lines(report.extras["many_tables"]) if defs_tables else []:
+        log(line)
     if commits := report.extras.get("commits"):
         log(f"commits_per_table={commits['commits']} for {commits['partitions_compacted']} partitions")
     for d in report.datasets:

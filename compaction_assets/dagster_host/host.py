@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 import os
 import signal
 import socket
@@ -22,6 +23,7 @@ import sys
 from pathlib import Path
 
 from compaction_assets.dagster_host.protocol import read_request, reply
+from compaction_assets.defs.naming import TABLES_ENV, run_tables
 
 # What a run imports before it compacts; the code location module itself is loaded per run.
 PRELOAD = (
@@ -166,6 +168,8 @@ def _execute_run(message: dict) -> int:
         if run is None:
             print(f"run host: run {message['run_id']} not found in the instance", file=sys.stderr)
             return 1
+        if (tables := run_tables(run.asset_selection)) is not None:  # define only what the run needs
+            os.environ[TABLES_ENV] = json.dumps(tables)
         inst.report_engine_event(
             f"Started process for run (pid: {os.getpid()}), forked from the warm run host (pid {os.getppid()}).",
             run,

@@ -1,9 +1,9 @@
-"""One asset per managed table: materialising partitions compacts them; a blocking check of each follows."""
+"""Managed tables as assets: materialising partitions compacts them; a blocking check of each follows."""
 
 import time
 import warnings
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
 from dagster import (
     AssetCheckEvaluation,
@@ -13,13 +13,14 @@ from dagster import (
     AssetKey,
     AssetMaterialization,
     AssetsDefinition,
+    AssetSpec,
     DagsterEventType,
     DynamicPartitionsDefinition,
     Failure,
     MetadataValue,
     Output,
     PreviewWarning,
-    asset,
+    multi_asset,
 )
 from dagster_pyspark import LazyPySparkResource
 
@@ -33,34 +34,15 @@ from compaction_assets.planning.policy import Policy
 from compaction_assets.redact import redact
 
 
-def table_asset(table_name: str, rule: TableRule, partitioned: bool, location: str, policy: Policy) -> AssetsDefinition:
-    """The table's asset. A run covers one partition or a range of them (the sensor's batches):
-    it compacts those worth it in one Spark job and one commit, then reports a materialisation per
-    partition compacted or left alone, the blocking consistency check per partition of the run,
-    and fails naming each partition whose compaction failed (the others stay committed)."""
+def table_spec(table_name: str, rule: TableRule, partitioned: bool, location: str, policy: Policy) -> AssetSpec:
+    """The table's asset in the UI: key, partitions (the table's Iceberg partitions), lineage."""
     namespace = table_name.rsplit(".", 1)[0]
-    key = table_key(table_name)
-    partitions = DynamicPartitionsDefinition(name=partitions_name(table_name)) if partitioned else None
-    with warnings.catch_warnings():  # a check per partition is a preview in Dagster 1.13: said once, in the README
-        warnings.simplefilter("ignore", PreviewWarning)
-        check = AssetCheckSpec(
-            CHECK_NAME,
-            asset=key,
-            blocking=True,
-            partitions_def=partitions,
-            description="The run's ledger rows are COMMITTED with their snapshot, result files live, replaced "
-            "files gone, rows in = rows out, nothing left PREPARED or untracked for the partition.",
-        )
-
-    @asset(
-        key=key,
-        partitions_def=partitions,
+    return AssetSpec(
+        key=table_key(table_name),
+        partitions_def=DynamicPartitionsDefinition(name=partitions_name(table_name)) if partitioned else None,
         group_name=namespace.replace(".", "_"),
         kinds={"iceberg", "spark"},
         deps=[AssetKey.from_user_string(u) for u in rule.upstream],
-        pool=pool_name(rule.queue),
-        check_specs=[check],
-        output_required=False,  # the materialisations are reported per partition, as compacted
         description=(
             f"Iceberg table `{table_name}` at `{location}`, compacted on queue `{rule.queue}` "
             f"(priority {rule.priority}). Policy: target {policy.target_file_size_bytes} B, fragment <= "
@@ -69,47 +51,101 @@ def table_asset(table_name: str, rule: TableRule, partitioned: bool, location: s
         ),
         metadata={"table": table_name, "location": MetadataValue.path(location), "queue": rule.queue},
     )
+
+
+def check_spec(spec: AssetSpec) -> AssetCheckSpec:
+    """The table's blocking consistency check, evaluated per partition (as its asset is)."""
+    with warnings.catch_warnings():  # a check per partition is a preview in Dagster 1.13: said once, in the README
+        warnings.simplefilter("ignore", PreviewWarning)
+        return AssetCheckSpec(
+            CHECK_NAME,
+            asset=spec.key,
+            blocking=True,
+            partitions_def=spec.partitions_def,
+            description="The run's ledger rows are COMMITTED with their snapshot, result files live, replaced "
+            "files gone, rows in = rows out, nothing left PREPARED or untracked for the partition.",
+        )
+
+
+def queue_assets(name: str, queue: str, specs: dict[str, AssetSpec]) -> AssetsDefinition:
+    """Tables of `queue` (see naming.op_name), each with its blocking check, as the assets of one
+    op: Dagster builds and snapshots an op for many tables at a fraction of an op per table's cost
+    (seconds per thousand tables at every code location load). Each table has partitions of its
+    own: a run selects one table and one partition or a range of its partitions (Dagster takes
+    the run's partitions from the selected table's; the op can subset, so its tables may differ).
+    The op's pool is the queue's."""
+    tables = {spec.key: (table, spec.partitions_def is not None) for table, spec in specs.items()}
+
+    @multi_asset(
+        name=name,
+        specs=list(specs.values()),
+        check_specs=[check_spec(spec) for spec in specs.values()],
+        can_subset=True,  # also makes every output optional: materialisations are reported per partition
+        pool=pool_name(queue),
+    )
     def _compact(
         context: AssetExecutionContext, compaction: CompactionResource, pyspark: LazyPySparkResource
     ) -> Iterator[AssetMaterialization | AssetCheckEvaluation | Output]:
-        keys = list(context.partition_keys) if partitioned else [""]
-        engine = compaction.engine(spark=pyspark)
-        run_id = context.run.run_id
-        if len(keys) == 1:  # one partition: it must exist
-            outcomes = engine.compact(table_name, partition=keys[0] or None, task_id=run_id)
-        else:
-            outcomes = engine.compact(table_name, task_id=run_id, partitions=keys)
-        # a log line is an event Dagster stores: one per failed partition, the others counted
-        for o in outcomes if len(outcomes) == 1 else [o for o in outcomes if not o.ok]:
-            context.log.info(redact(f"{table_name} [{o.partition_key or 'unpartitioned'}]: {o.status}: {o.reason}"))
-        if len(outcomes) > 1:
-            counts = Counter(o.status for o in outcomes)
-            context.log.info(f"{table_name}: {', '.join(f'{n} {status}' for status, n in sorted(counts.items()))}")
-        seconds = max((o.seconds for o in outcomes), default=0.0)
-        fixed = run_fixed_cost(context, seconds)
-        context.log.info(
-            f"dagster_run_fixed_cost_s={fixed:.2f} (run launch to result, less {seconds:.2f}s of compaction "
-            f"of {len(keys)} partition(s); spark "
-            f"{'connect' if engine.config.spark.mode == 'connect' else 'local: a JVM of its own'})"
-        )
-        run_figures = {"dagster_run_fixed_cost_s": round(fixed, 2), "partitions_in_run": len(keys)}
-        for o in outcomes:
-            if o.ok:
-                metadata = {**_metadata(o, rule.queue), **run_figures}
-                yield AssetMaterialization(asset_key=key, partition=o.partition_key or None, metadata=metadata)
-        yield from _consistency(engine, table_name, key, keys, outcomes)
-        # the check's evaluations are the events above; its output only says they were all reported
-        [output] = [n for n, spec in context.assets_def.check_specs_by_output_name.items() if spec.key == check.key]
-        yield Output(None, output_name=output)
-        if failed := [o for o in outcomes if not o.ok]:
-            description = redact(f"{table_name}: {len(failed)} of {len(keys)} partition(s) failed: {failed[0].reason}")
-            listed = "\n".join(f"- `{o.partition_key or 'unpartitioned'}`: {redact(o.reason)}" for o in failed)
-            raise Failure(
-                description=description,
-                metadata={**_metadata(failed[0], rule.queue), "failed_partitions": MetadataValue.md(listed)},
-            )
+        failures = []
+        for key in sorted(context.selected_asset_keys):
+            table_name, partitioned = tables[key]
+            failures += yield from compact_table(context, table_name, queue, partitioned, compaction, pyspark)
+        if failures:  # several only when a run selects several unpartitioned tables (by hand)
+            raise failures[0] if len(failures) == 1 else Failure("\n".join(f.description or "" for f in failures))
 
     return _compact
+
+
+def compact_table(
+    context: AssetExecutionContext,
+    table_name: str,
+    queue: str,
+    partitioned: bool,
+    compaction: CompactionResource,
+    pyspark: LazyPySparkResource,
+) -> Generator[AssetMaterialization | AssetCheckEvaluation | Output, None, list[Failure]]:
+    """Compacts the run's partitions of the table (one, or a range: the sensor's batches) in one
+    Spark job and one commit; reports a materialisation per partition compacted or left alone and
+    the blocking consistency check per partition of the run. Returns (as a generator's value) the
+    Failure naming each partition whose compaction failed (the others stay committed), if any."""
+    key = table_key(table_name)
+    keys = list(context.partition_keys) if partitioned else [""]
+    engine = compaction.engine(spark=pyspark)
+    run_id = context.run.run_id
+    if len(keys) == 1:  # one partition: it must exist
+        outcomes = engine.compact(table_name, partition=keys[0] or None, task_id=run_id)
+    else:
+        outcomes = engine.compact(table_name, task_id=run_id, partitions=keys)
+    # a log line is an event Dagster stores: one per failed partition, the others counted
+    for o in outcomes if len(outcomes) == 1 else [o for o in outcomes if not o.ok]:
+        context.log.info(redact(f"{table_name} [{o.partition_key or 'unpartitioned'}]: {o.status}: {o.reason}"))
+    if len(outcomes) > 1:
+        counts = Counter(o.status for o in outcomes)
+        context.log.info(f"{table_name}: {', '.join(f'{n} {status}' for status, n in sorted(counts.items()))}")
+    seconds = max((o.seconds for o in outcomes), default=0.0)
+    fixed = run_fixed_cost(context, seconds)
+    context.log.info(
+        f"dagster_run_fixed_cost_s={fixed:.2f} (run launch to result, less {seconds:.2f}s of compaction "
+        f"of {len(keys)} partition(s); spark "
+        f"{'connect' if engine.config.spark.mode == 'connect' else 'local: a JVM of its own'})"
+    )
+    run_figures = {"dagster_run_fixed_cost_s": round(fixed, 2), "partitions_in_run": len(keys)}
+    for o in outcomes:
+        if o.ok:
+            metadata = {**_metadata(o, queue), **run_figures}
+            yield AssetMaterialization(asset_key=key, partition=o.partition_key or None, metadata=metadata)
+    for name, spec in context.assets_def.check_specs_by_output_name.items():
+        if spec.asset_key == key and spec.key in context.selected_asset_check_keys:
+            yield from _consistency(engine, table_name, key, keys, outcomes)
+            # the check's evaluations are the events above; its output only says they were all reported
+            yield Output(None, output_name=name)
+    failed = [o for o in outcomes if not o.ok]
+    if not failed:
+        return []
+    description = redact(f"{table_name}: {len(failed)} of {len(keys)} partition(s) failed: {failed[0].reason}")
+    listed = "\n".join(f"- `{o.partition_key or 'unpartitioned'}`: {redact(o.reason)}" for o in failed)
+    metadata = {**_metadata(failed[0], queue), "failed_partitions": MetadataValue.md(listed)}
+    return [Failure(description=description, metadata=metadata)]
 
 
 def _consistency(

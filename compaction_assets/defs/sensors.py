@@ -16,12 +16,12 @@ from urllib.parse import urlparse
 from dagster import (
     AddDynamicPartitionsRequest,
     AssetObservation,
+    AssetSelection,
     DagsterInstance,
     DagsterRun,
     DagsterRunStatus,
     DefaultSensorStatus,
     DeleteDynamicPartitionsRequest,
-    JobDefinition,
     OpExecutionContext,
     RunRequest,
     RunsFilter,
@@ -46,7 +46,6 @@ from compaction_assets.defs.naming import (
     RANGE_START_TAG,
     TABLE_TAG,
     WEBSERVER_ENV,
-    job_name,
     partitions_name,
     pool_name,
     table_key,
@@ -114,14 +113,15 @@ def sync_pool_limits(instance: DagsterInstance, config: CompactionConfig) -> Non
 
 
 def fragmentation_sensor(
-    tables: dict[str, bool], jobs: list[JobDefinition], interval_seconds: int, left_out: frozenset[str] = frozenset()
+    tables: dict[str, bool], interval_seconds: int, left_out: frozenset[str] = frozenset()
 ) -> SensorDefinition:
     """`tables`: managed table name -> partitioned?; `left_out`: managed tables that have no asset
-    because they could not be loaded (a catalog change is a table entering or leaving either)."""
+    because they could not be loaded (a catalog change is a table entering or leaving either).
+    A run request selects the table's asset (Dagster's asset job runs it): no job per table."""
 
     @sensor(
         name="fragmentation_sensor",
-        jobs=jobs,
+        asset_selection=AssetSelection.key_prefixes("lake"),
         minimum_interval_seconds=interval_seconds,
         default_status=DefaultSensorStatus.RUNNING,
         description="Plans tables whose snapshot changed, records their fragmentation as observations, and "
@@ -303,7 +303,7 @@ def _run_request(batch: Batch, log: logging.Logger) -> RunRequest:
         )
         return RunRequest(
             run_key=f"{batch.table_name}|{first.partition_key}|{first.snapshot_id}",
-            job_name=job_name(batch.table_name),
+            asset_selection=[table_key(batch.table_name)],
             partition_key=first.partition_key or None,
             tags=tags,
         )
@@ -312,7 +312,7 @@ def _run_request(batch: Batch, log: logging.Logger) -> RunRequest:
     )
     return RunRequest(
         run_key=f"{batch.table_name}|{batch.first}..{batch.last}|{first.snapshot_id}",
-        job_name=job_name(batch.table_name),
+        asset_selection=[table_key(batch.table_name)],
         tags={**tags, RANGE_START_TAG: batch.first, RANGE_END_TAG: batch.last},
     )
 

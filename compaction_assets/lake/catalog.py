@@ -39,14 +39,14 @@ def load_table(catalog: Catalog, name: str) -> Table:
             location = (metadata_locations(catalog) or {}).get(name) or ""
         except CatalogError:
             location = ""
-        _refuse_relative(name, location)
+        refuse_relative(name, location)
         where = f" (s3.endpoint {endpoint})" if (endpoint := catalog.properties.get("s3.endpoint")) else ""
         raise CatalogError(f"table '{name}': cannot load it from catalog '{catalog.name}'{where}: {exc}") from exc
-    _refuse_relative(name, table.location())
+    refuse_relative(name, table.location())
     return table
 
 
-def _refuse_relative(name: str, location: str) -> None:
+def refuse_relative(name: str, location: str) -> None:
     """`file://.lake/x` means a different file in every working folder (pyiceberg takes '.lake' for
     part of a relative path, pyarrow for a host): no process may compact or collect it."""
     if location.startswith("file://") and not location.startswith(("file:///", "file://localhost/")):
@@ -87,6 +87,15 @@ def managed_tables(catalog: Catalog, config: CompactionConfig) -> list[str]:
         names.extend(".".join(ident) for ident in catalog.list_tables(namespace))
         pending.extend(ns for ns in catalog.list_namespaces(namespace) if ns != namespace)
     return sorted(n for n in set(names) if config.rule_for(n) is not None)
+
+
+def managed_versions(catalog: Catalog, config: CompactionConfig) -> dict[str, str | None]:
+    """Every managed table -> its current metadata file, in one query on SQL catalogs; elsewhere
+    the names alone (-> None), listed namespace by namespace."""
+    locations = metadata_locations(catalog)
+    if locations is None:
+        return dict.fromkeys(managed_tables(catalog, config))
+    return {n: loc for n, loc in sorted(locations.items()) if config.rule_for(n) is not None}
 
 
 def _ensure_local_dirs(properties: dict[str, str]) -> None:
