@@ -182,8 +182,12 @@ def evaluate_fragmentation(
             table = load_table(engine.catalog, name)
             snapshot = table.current_snapshot()
             snapshot_id = snapshot.snapshot_id if snapshot else None
-            if name in cursor.snapshots and cursor.snapshots[name] == snapshot_id and replayable:
-                cursor.versions[name] = table.metadata_location
+            # a new metadata file on the same snapshot (pause, a property, another engine's expiry)
+            # is planned again: the deferred partitions' plan may no longer hold
+            same = (
+                cursor.snapshots.get(name, -1) == snapshot_id and cursor.versions.get(name) == table.metadata_location
+            )
+            if same and replayable:
                 unchanged.append(name)
                 candidates.extend(_deferred(cursor, name, rule, waiting, snapshot_id))
                 continue
@@ -195,8 +199,9 @@ def evaluate_fragmentation(
         if not tplan.policy.enabled:
             context.log.info(f"{name}: paused (compaction.enabled=false): not compacted; `compaction-assets resume`")
         if partitioned:
+            held = {k for t, k in in_flight if t == name}
             requests, orders[name] = _partition_sync(
-                context.instance, name, [p.partition_key for p in tplan.partitions]
+                context.instance, name, [p.partition_key for p in tplan.partitions], held
             )
             partition_requests.extend(requests)
         observations.extend(
@@ -319,7 +324,8 @@ def _run_request(batch: Batch, log: logging.Logger) -> RunRequest:
 
 def runs_in_flight(instance: DagsterInstance, runs: Sequence[DagsterRun]) -> dict[tuple[str, str], str]:
     """(table, partition key) -> id of the queued or running run that covers it: its partition,
-    or every key of its partition range (in the table's partition order now)."""
+    or every key of its partition range (in the table's partition order now; every key of the
+    table if an end of the range is gone)."""
     in_flight: dict[tuple[str, str], str] = {}
     orders: dict[str, list[str]] = {}
     for run in runs:
@@ -333,6 +339,8 @@ def runs_in_flight(instance: DagsterInstance, runs: Sequence[DagsterRun]) -> dic
         order, end = orders[table], run.tags.get(RANGE_END_TAG)
         if start in order and end in order:
             in_flight.update(((table, k), run.run_id) for k in order[order.index(start) : order.index(end) + 1])
+        else:  # an end deleted by hand (the sensor keeps them): the range is unknown, so hold them all
+            in_flight.update(((table, k), run.run_id) for k in order)
     return in_flight
 
 
@@ -411,12 +419,16 @@ def _reload(url: str, location: str) -> None:
     logging.getLogger(__name__).info(f"code location '{location}' reloaded: {info.status}")
 
 
-def _partition_sync(instance: DagsterInstance, table_name: str, keys: list[str]) -> tuple[list, list[str]]:
+def _partition_sync(
+    instance: DagsterInstance, table_name: str, keys: list[str], held: set[str]
+) -> tuple[list, list[str]]:
     """Requests that make the table's dynamic partitions equal its Iceberg partitions, and their
-    order once applied (Dagster's: in the order they were added)."""
+    order once applied (Dagster's: in the order they were added). A key a queued or running run
+    covers (`held`) is kept until that run ends: a range run whose end key is gone cannot start,
+    and a range is only known by its ends."""
     name = partitions_name(table_name)
     existing = list(instance.get_dynamic_partitions(name))
-    wanted = set(keys)
+    wanted = set(keys) | (held & set(existing))
     requests: list = []
     added = sorted(wanted - set(existing))
     if added:

@@ -174,6 +174,7 @@ def rewrite_with_polars(
         return None
     written: list[DataFile] = []
     opened: list[str] = []
+    reference = None  # the first chunk's Polars schema: the one validated against the table
     try:
         for k, chunk in enumerate(_split(sources, max_files)):
             location = f"{name}-{k:05d}.parquet"
@@ -186,7 +187,15 @@ def rewrite_with_polars(
                 extra_columns="raise",
                 storage_options=storage.options,
             )
-            physical = frame.collect_schema().names()
+            # Polars checks a chunk's files against the chunk's first file only; the relabel below
+            # is positional, and was validated on the group's first file (the first chunk's): a
+            # later chunk of other columns (an older order, a dropped column) must not take it.
+            schema = frame.collect_schema()
+            if reference is None:
+                reference = schema
+            elif schema != reference:
+                raise ValueError(f"{location}: its sources' columns differ from the group's first file's")
+            physical = schema.names()
             if physical != target.names:
                 frame = frame.rename(dict(zip(physical, target.names, strict=True)))
             output = storage.path(location)
