@@ -12,9 +12,11 @@ only a server that was not stopped on purpose leaves one behind.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import re
+import signal
 import socket
 import subprocess
 import time
@@ -181,12 +183,19 @@ def _start(cfg: SparkConfig, wait_seconds: float) -> ServerStatus:
 
 
 def stop(cfg: SparkConfig, wait_seconds: float = 60) -> ServerStatus:
-    """Stop the server started from `spark.server_dir` and wait until it is gone."""
+    """Stop the server started from `spark.server_dir` and wait until it is gone (killed if it
+    outlives `wait_seconds`)."""
     if status(cfg).pid is not None:
         subprocess.run([str(SBIN / "stop-connect-server.sh")], env=_env(cfg), capture_output=True, check=False)
     deadline = time.monotonic() + wait_seconds
     while (current := status(cfg)).pid is not None and time.monotonic() < deadline:
         time.sleep(0.5)
+    if current.pid is not None:  # the JVM outlived its shutdown hooks' time (a loaded machine): kill it
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(current.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while (current := status(cfg)).pid is not None and time.monotonic() < deadline:
+            time.sleep(0.2)
     if current.pid is None and current.dead_pid is not None:  # stopped on purpose: not "died" any more
         for pid_file in (Path(cfg.server_dir) / "pids").glob("*.pid"):
             pid_file.unlink(missing_ok=True)
