@@ -147,6 +147,10 @@ def _start(cfg: SparkConfig, wait_seconds: float) -> ServerStatus:
         return current
     if current.listening:
         raise CompactionError(current.describe())
+    # A pid file naming a dead JVM is stale; Spark's script would refuse to start while that pid is
+    # still a zombie not yet reaped ("running as process N. Stop it first."), as after a kill.
+    for pid_file in (Path(cfg.server_dir) / "pids").glob("*.pid"):
+        pid_file.unlink(missing_ok=True)
     host, port = host_port(cfg)
     conf = {
         **LOCAL_DEFAULTS,
