@@ -9,8 +9,9 @@ from __future__ import annotations
 import math
 import multiprocessing
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import pyarrow as pa
@@ -151,13 +152,21 @@ def _pyarrow_copy(sources: list[str], out: str, target_bytes: int) -> None:
     )
 
 
-def write_rolling(chunks: Iterable[pa.RecordBatch | pa.Table], out: str, target_bytes: int) -> None:
-    """Write `chunks` into Parquet files in `out`, starting a new file once one passes the target."""
-    Path(out).mkdir(parents=True, exist_ok=True)
+def write_rolling(
+    chunks: Iterable[pa.RecordBatch | pa.Table],
+    out: str,
+    target_bytes: int,
+    open_output: Callable[[str], pa.NativeFile] | None = None,
+) -> None:
+    """Write `chunks` into Parquet files in `out`, starting a new file once one passes the target;
+    files are opened with `open_output` (default: local files, `out` made if missing)."""
+    if open_output is None:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        open_output = partial(pa.OSFile, mode="wb")
     sink, writer, index = None, None, 0
     for chunk in chunks:
         if writer is None:
-            sink = pa.OSFile(f"{out}/part-{index:05d}.parquet", "wb")
+            sink = open_output(f"{out}/part-{index:05d}.parquet")
             writer = pq.ParquetWriter(sink, chunk.schema, compression=CODEC)
             index += 1
         writer.write(chunk)

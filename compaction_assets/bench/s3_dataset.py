@@ -186,22 +186,13 @@ def _pyarrow_copy(s3: LocalS3, sources: list[str], out: str, target_bytes: int) 
     pa.set_cpu_count(1)
     pa.set_io_thread_count(1)
     fs = filesystem(s3)
-    sink, writer, index = None, None, 0
-    for source in sources:
-        with fs.open_input_file(source) as stream:
-            for batch in pq.ParquetFile(stream).iter_batches(batch_size=65_536, use_threads=False):
-                if writer is None:
-                    sink = fs.open_output_stream(f"{out}/part-{index:05d}.parquet")
-                    writer = pq.ParquetWriter(sink, batch.schema, compression=CODEC)
-                    index += 1
-                writer.write(batch)
-                if sink.tell() >= target_bytes:
-                    writer.close()
-                    sink.close()
-                    writer = None
-    if writer is not None:
-        writer.close()
-        sink.close()
+
+    def batches():
+        for source in sources:
+            with fs.open_input_file(source) as stream:
+                yield from pq.ParquetFile(stream).iter_batches(batch_size=65_536, use_threads=False)
+
+    contenders.write_rolling(batches(), out, target_bytes, fs.open_output_stream)
 
 
 def measure(repeats: int = 3, workdir: Path | None = None, log: Callable[[str], None] = print) -> dict:
