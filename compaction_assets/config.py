@@ -42,6 +42,12 @@ class PolicyConfig(_Strict):
     delete_ratio_threshold: Annotated[float, Field(gt=0, le=1)] | None = None
     equality_delete_file_threshold: PositiveInt | None = None
     position_delete_file_threshold: Annotated[int, Field(ge=2)] | None = None
+    # maintenance tiers (planning/policy.py); table properties compaction.<name> win
+    full_trigger_interval_ms: PositiveInt | None = None
+    max_file_size_bytes: PositiveInt | None = None
+    zorder_columns: list[str] | None = None
+    expire_field: str | None = None
+    expire_retention_ms: PositiveInt | None = None
 
 
 class CatalogConfig(_Strict):

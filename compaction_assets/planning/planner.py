@@ -63,6 +63,13 @@ class Kind(StrEnum):
     MAJOR = "major"
     CONVERT_EQUALITY_DELETES = "convert-equality-deletes"  # equality deletes -> position deletes, data untouched
     REWRITE_POSITION_DELETES = "rewrite-position-deletes"  # small position-delete files -> one
+    # maintenance tiers (issue 20)
+    FULL = "full"  # full optimizing: every data file of the partition, in the table's sort order
+    SPLIT = "split"  # an oversized data file -> target-size files
+    CLUSTER = "cluster"  # healthy sizes, badly clustered: rewritten sorted / z-ordered
+    OLD_SPEC = "old-spec"  # files of an earlier partition spec -> the current spec
+    EXPIRE = "expire"  # rows past the retention dropped (whole files by metadata, the rest rewritten)
+    REWRITE_MANIFESTS = "rewrite-manifests"  # small manifests merged, clustered by partition (table-wide)
 
     @property
     def is_tier(self) -> bool:

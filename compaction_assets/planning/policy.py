@@ -12,6 +12,7 @@ MiB = 1024 * 1024
 DEFAULT_TARGET_FILE_SIZE = 128 * MiB
 ICEBERG_TARGET_SIZE_PROPERTY = "write.target-file-size-bytes"
 ENABLED_PROPERTY = "compaction.enabled"
+SPLIT_DEFAULT_RATIO = 1.8  # Iceberg's max-file-size-bytes default: 1.8 x the target
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,18 @@ class Policy:
     # position deletes worth it; this many small position-delete files, combining them
     equality_delete_file_threshold: int = 3
     position_delete_file_threshold: int = 5
+    # maintenance tiers (issue 20); None / empty: the tier is off (or, for max_file_size_bytes,
+    # its default of SPLIT_DEFAULT_RATIO x target)
+    full_trigger_interval_ms: int | None = None  # full optimizing: a partition rewritten whole this often
+    max_file_size_bytes: int | None = None  # a data file larger than this is split into target-size files
+    zorder_columns: tuple[str, ...] = ()  # clustering: z-order over these columns (else the table's sort order)
+    expire_field: str | None = None  # data expiration: rows whose value of this column is older than
+    expire_retention_ms: int | None = None  # now - retention are dropped
+
+    @property
+    def split_above_bytes(self) -> int:
+        """A data file larger than this is oversized (compaction.max-file-size-bytes)."""
+        return self.max_file_size_bytes or int(self.target_file_size_bytes * SPLIT_DEFAULT_RATIO)
 
     @property
     def fragment_max_bytes(self) -> int:
@@ -41,6 +54,10 @@ class Policy:
     def undersized_below_bytes(self) -> int:
         """A file smaller than this is undersized."""
         return int(self.target_file_size_bytes * self.min_target_size_ratio)
+
+
+def _parse_columns(value: str) -> tuple[str, ...]:
+    return tuple(c.strip() for c in value.split(",") if c.strip())
 
 
 def _parse_bool(value: str) -> bool:
@@ -61,6 +78,11 @@ TABLE_PROPERTIES = {
     "compaction.delete-ratio-threshold": ("delete_ratio_threshold", float),
     "compaction.equality-delete-file-threshold": ("equality_delete_file_threshold", int),
     "compaction.position-delete-file-threshold": ("position_delete_file_threshold", int),
+    "compaction.full.trigger-interval-ms": ("full_trigger_interval_ms", int),
+    "compaction.max-file-size-bytes": ("max_file_size_bytes", int),
+    "compaction.zorder-columns": ("zorder_columns", _parse_columns),
+    "compaction.expire.field": ("expire_field", str),
+    "compaction.expire.retention-ms": ("expire_retention_ms", int),
 }
 
 
@@ -69,7 +91,10 @@ def resolve_policy(table_name: str, configured: PolicyConfig, table_properties: 
     policy = Policy()
     if target := table_properties.get(ICEBERG_TARGET_SIZE_PROPERTY):
         policy = replace(policy, target_file_size_bytes=_parse(table_name, ICEBERG_TARGET_SIZE_PROPERTY, target, int))
-    policy = replace(policy, **{k: v for k, v in configured.model_dump().items() if v is not None})
+    configured_values = {k: v for k, v in configured.model_dump().items() if v is not None}
+    if "zorder_columns" in configured_values:
+        configured_values["zorder_columns"] = tuple(configured_values["zorder_columns"])
+    policy = replace(policy, **configured_values)
     for prop, (field_name, parse) in TABLE_PROPERTIES.items():
         if prop in table_properties:
             policy = replace(policy, **{field_name: _parse(table_name, prop, table_properties[prop], parse)})
@@ -98,5 +123,12 @@ def _validate(table_name: str, policy: Policy) -> None:
         problems.append("min_input_files must be at least 2")
     if policy.max_group_bytes < policy.target_file_size_bytes:
         problems.append("max_group_bytes must be at least target_file_size_bytes")
+    for name in ("full_trigger_interval_ms", "expire_retention_ms"):
+        if (value := getattr(policy, name)) is not None and value <= 0:
+            problems.append(f"{name} must be positive")
+    if policy.max_file_size_bytes is not None and policy.max_file_size_bytes <= policy.target_file_size_bytes:
+        problems.append("max_file_size_bytes must be larger than target_file_size_bytes")
+    if (policy.expire_field is None) != (policy.expire_retention_ms is None):
+        problems.append("expire_field and expire_retention_ms go together (data expiration needs both)")
     if problems:
         raise ConfigError(f"table '{table_name}': invalid compaction policy {policy}: {'; '.join(problems)}")
