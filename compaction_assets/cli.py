@@ -23,6 +23,8 @@ from compaction_assets.redact import RedactingFilter, redact
 if TYPE_CHECKING:
     from pyiceberg.table import Table
 
+    from compaction_assets.planning.manifests import ManifestPlan
+
     from compaction_assets.lake.digest import RowsDigest
 
 
@@ -130,6 +132,7 @@ def plan(ctx: click.Context, table: str, as_json: bool) -> None:
                 }
                 for p in tplan.partitions
             ],
+            "manifests": _manifests_doc(tplan.manifests),
         }
         click.echo(json.dumps(doc, indent=2))
         return
@@ -165,6 +168,29 @@ def plan(ctx: click.Context, table: str, as_json: bool) -> None:
             f"{s.deleted_rows:>9} {s.delete_ratio:>5.2f} {s.read_amplification:>6.2f}  {what}"
         )
     click.echo(f"{len(tplan.to_compact)} of {len(tplan.partitions)} partition(s) to compact")
+    if (m := tplan.manifests) is not None:
+        if not m.due:
+            click.echo(f"table: nothing: {m.reason}")
+        elif tplan.to_compact:
+            click.echo(f"table: {m.kind} after the compactions (they merge manifests too): {m.reason}")
+        else:
+            click.echo(f"table: {m.kind}, benefit {m.benefit:.2f}; {m.reason}")
+
+
+def _manifests_doc(m: ManifestPlan | None) -> dict | None:
+    if m is None:
+        return None
+    return {
+        "kind": m.kind if m.due else None,
+        "due": m.due,
+        "reason": m.reason,
+        "benefit": round(m.benefit, 4),
+        "manifests": m.manifests,
+        "small": m.small,
+        "entries": m.entries,
+        "avg_entries": round(m.avg_entries, 2),
+        "expected_outputs": m.expected_outputs,
+    }
 
 
 @main.command()
@@ -230,6 +256,31 @@ def gc(ctx: click.Context, table: str, dry_run: bool) -> None:
     )
     for path in [*report.expired_files, *report.orphan_files] if dry_run else []:
         click.echo(f"  {path}")
+
+
+@main.command("rewrite-manifests")
+@click.argument("table")
+@click.option("--dry-run", is_flag=True, help="report which manifests would be replaced; change nothing")
+@click.option("--task-id", default=None, help="task id to record (default: a new one)")
+@click.pass_context
+def rewrite_manifests(ctx: click.Context, table: str, dry_run: bool, task_id: str | None) -> None:
+    """Merge TABLE's small manifests into few, clustered by partition, if due (metadata only)."""
+    r = _engine(ctx, read_only=dry_run).rewrite_manifests(table, task_id=task_id, dry_run=dry_run)
+    if r.status == "committed":
+        click.echo(
+            f"{table}: committed rewrite-manifests in snapshot {r.snapshot_id}: {r.manifests_before} -> "
+            f"{r.manifests_after} manifest(s); {r.reason} in {r.seconds:.2f}s"
+        )
+    elif r.status == "dry_run":
+        click.echo(
+            f"{table}: would rewrite {r.manifests_replaced} small manifest(s) ({r.entries} entries, "
+            f"{r.bytes_replaced} B) into ~{r.manifests_written}: {r.manifests_before} -> ~{r.manifests_after} "
+            "manifest(s)"
+        )
+    else:
+        click.echo(f"{table}: {r.status}: {r.reason}")
+    if not r.ok:
+        sys.exit(1)
 
 
 @main.command()

@@ -19,6 +19,7 @@ from pyspark.sql import SparkSession
 
 from compaction_assets.commit.heartbeat import Heartbeat
 from compaction_assets.commit.ledger import Attempt, Ledger, StaleAttempt
+from compaction_assets.commit.manifest_rewrite import ManifestRewriteReport, rewrite_manifests
 from compaction_assets.commit.recovery import RecoveryReport, recover
 from compaction_assets.commit.two_phase import CommitResult, abandon, commit_together
 from compaction_assets.config import CompactionConfig
@@ -38,6 +39,7 @@ from compaction_assets.lake.deletes import global_spec_ids
 from compaction_assets.lake.features import refusal
 from compaction_assets.lake.files import LiveFile, live_files
 from compaction_assets.maintenance.gc import GcPolicy, GcReport, collect_garbage
+from compaction_assets.planning.manifests import ManifestPlan, plan_manifests
 from compaction_assets.planning.planner import DeleteMap, FileGroup, Kind, PartitionPlan, plan_table
 from compaction_assets.planning.policy import ENABLED_PROPERTY, Policy, resolve_policy
 
@@ -54,10 +56,17 @@ class TablePlan:
     partitions: list[PartitionPlan]
     refused: str = ""  # why the whole table is not compacted (e.g. format-version 3), or ""
     deletes: DeleteMap = field(default_factory=DeleteMap)  # which delete files apply to which data files
+    manifests: ManifestPlan | None = None  # the table-level manifest rewrite (None: no snapshot yet)
 
     @property
     def to_compact(self) -> list[PartitionPlan]:
         return [p for p in self.partitions if p.worth_compacting]
+
+    @property
+    def rewrite_manifests_due(self) -> bool:
+        """The manifest rewrite is due and no partition is: compactions first (they rewrite
+        manifests too, and a rewrite now would be undone by theirs)."""
+        return self.manifests is not None and self.manifests.due and not self.to_compact
 
 
 @dataclass
@@ -229,6 +238,16 @@ class Engine:
         policy = GcPolicy.resolve(table_name, self.config.gc, table.properties)
         return collect_garbage(table, self.ledger, policy, dry_run=dry_run)
 
+    def rewrite_manifests(
+        self, table_name: str, task_id: str | None = None, dry_run: bool = False
+    ) -> ManifestRewriteReport:
+        """Rewrite the table's small manifests if due (commit/manifest_rewrite.py); metadata only, no Spark."""
+        table = load_table(self.catalog, table_name)
+        policy = self.policy(table, table_name)
+        return rewrite_manifests(
+            table, table_name, self.ledger, policy, task_id, dry_run, self.config.state.heartbeat_seconds
+        )
+
     def set_enabled(self, table_name: str, enabled: bool) -> None:
         """Pause or resume compaction and GC of a table, persisted as its compaction.enabled property."""
         table = load_table(self.catalog, table_name)
@@ -259,7 +278,10 @@ class Engine:
             wanted = set(only)
             plans = [p for p in plans if p.partition_key in wanted]
         snapshot = table.current_snapshot()
-        tplan = TablePlan(table_name, snapshot.snapshot_id if snapshot else None, policy, plans, refused, deletes)
+        manifests = plan_manifests(snapshot.manifests(table.io), policy, refused) if snapshot else None
+        tplan = TablePlan(
+            table_name, snapshot.snapshot_id if snapshot else None, policy, plans, refused, deletes, manifests
+        )
         return tplan, {f.path: f for f in files}
 
     def _begin(

@@ -17,6 +17,8 @@ are gone; the table's rows are right either way.
 A PREPARED attempt whose recovery raised PARK_AFTER times is parked: FAILED with the reason, and
 nothing deleted (its result files are either referenced by the table, or uncommitted and left to
 GC's orphan collection after the grace period).
+A manifest rewrite (kind rewrite-manifests) is never recommitted: committed if a snapshot carries it
+or lists one of its manifests, else rolled back (its manifests deleted; the table never changed).
 EXECUTING: mark FAILED, delete the files it wrote that nothing references.
 """
 
@@ -32,7 +34,8 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
 from compaction_assets.commit.ledger import Attempt, Ledger, StaleAttempt, Status
-from compaction_assets.commit.two_phase import abandon, commit_prepared, commit_snapshot, confirm_committed
+from compaction_assets.commit import manifest_rewrite
+from compaction_assets.commit.two_phase import abandon, commit_prepared, commit_snapshot, confirm_committed, roll_back
 from compaction_assets.errors import BackOff, CompactionError
 from compaction_assets.lake.catalog import TableNotFound, load_table
 from compaction_assets.lake.manifest_cache import live_entries
@@ -144,6 +147,14 @@ def _recover_prepared(catalog: Catalog, ledger: Ledger, attempt: Attempt, report
     if table is None:
         ledger.mark_rolled_back(attempt.attempt_id, "table dropped before commit")
         report.rolled_back.append(attempt.attempt_id)
+        return
+    if attempt.kind == manifest_rewrite.KIND:  # never recommitted: see commit/manifest_rewrite.py
+        if (committed := manifest_rewrite.committed_by_manifests(table, attempt)) is not None:
+            confirm_committed(table, ledger, attempt, committed)
+            report.confirmed.append(attempt.attempt_id)
+        else:
+            roll_back(table, ledger, attempt, "a manifest rewrite is not recommitted: the next plan redoes it")
+            report.rolled_back.append(attempt.attempt_id)
         return
     if (snapshot := commit_snapshot(table, attempt)) is not None:
         confirm_committed(table, ledger, attempt, snapshot.snapshot_id)

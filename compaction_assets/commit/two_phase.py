@@ -87,7 +87,7 @@ from compaction_assets.lake.deletes import (
 from compaction_assets.lake.features import refusal
 from compaction_assets.lake.files import LiveFile, live_files, partition_key
 from compaction_assets.lake.manifest_cache import live_entries, manifest_contents
-from compaction_assets.lake.manifest_io import ManifestContents, write_restated
+from compaction_assets.lake.manifest_io import ManifestContents, partition_schema, write_restated
 from compaction_assets.lake.storage import PathSet, delete_unreferenced, files_with_prefix
 
 log = logging.getLogger("compaction_assets")
@@ -413,16 +413,9 @@ class _RewriteFiles(_OverwriteFiles):
         """Nothing here: `_manifests` validates every try against the attempts' own bases."""
 
     def _spec_schema(self, spec_id: int) -> Schema:
-        """The schema to type spec `spec_id`'s partition with: the current one, unless another engine
-        dropped a source column of this (older) spec; then the newest schema that has them all.
-        pyiceberg 0.12 types such a partition field `unknown`, which no predicate binds to and no
-        manifest writer can write. (Each call rebuilds the transaction's metadata: ask once per spec.)"""
-        metadata = self._transaction.table_metadata
-        sources = {f.source_id for f in self.spec(spec_id).fields}
-        for schema in [metadata.schema(), *sorted(metadata.schemas, key=lambda s: -s.schema_id)]:
-            if sources <= schema._lazy_id_to_field.keys():
-                return schema
-        return metadata.schema()
+        """lake.manifest_io.partition_schema of the transaction's metadata. (Each call rebuilds the
+        transaction's metadata: ask once per spec.)"""
+        return partition_schema(self._transaction.table_metadata, spec_id)
 
     def _build_manifest_evaluator(self, spec_id: int) -> Callable[[ManifestFile], bool]:
         return manifest_evaluator(

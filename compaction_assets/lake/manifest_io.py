@@ -43,6 +43,7 @@ from pyiceberg.manifest import (
 )
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
+from pyiceberg.table.metadata import TableMetadata
 
 # The manifest_entry fields before data_file, as format version 2 writes them
 _V2_LEADING_FIELDS = [
@@ -181,6 +182,18 @@ def write_restated(
         partitions=construct_partition_summaries(spec, schema, partitions),
         key_metadata=None,
     )
+
+
+def partition_schema(metadata: TableMetadata, spec_id: int) -> Schema:
+    """The schema to type spec `spec_id`'s partition with: the current one, unless another engine
+    dropped a source column of this (older) spec; then the newest schema that has them all.
+    pyiceberg 0.12 types such a partition field `unknown`, which no predicate binds to and no
+    manifest writer can write. (Each call reads the metadata's schemas: ask once per spec.)"""
+    sources = {f.source_id for f in metadata.specs()[spec_id].fields}
+    for schema in [metadata.schema(), *sorted(metadata.schemas, key=lambda s: -s.schema_id)]:
+        if sources <= schema._lazy_id_to_field.keys():
+            return schema
+    return metadata.schema()
 
 
 def _has_v2_layout(meta: dict[str, str]) -> bool:

@@ -11,6 +11,9 @@ from compaction_assets.errors import ConfigError
 MiB = 1024 * 1024
 DEFAULT_TARGET_FILE_SIZE = 128 * MiB
 ICEBERG_TARGET_SIZE_PROPERTY = "write.target-file-size-bytes"
+# Iceberg's manifest size target (its writers roll and merge manifests at it), default 8 MiB
+ICEBERG_MANIFEST_TARGET_PROPERTY = "commit.manifest.target-size-bytes"
+DEFAULT_MANIFEST_TARGET_SIZE = 8 * MiB
 ENABLED_PROPERTY = "compaction.enabled"
 SPLIT_DEFAULT_RATIO = 1.8  # Iceberg's max-file-size-bytes default: 1.8 x the target
 
@@ -39,6 +42,10 @@ class Policy:
     zorder_columns: tuple[str, ...] = ()  # clustering: z-order over these columns (else the table's sort order)
     expire_field: str | None = None  # data expiration: rows whose value of this column is older than
     expire_retention_ms: int | None = None  # now - retention are dropped
+    # manifest rewrite (planning/manifests.py): due when at least this many data and delete
+    # manifests are smaller than manifest_target_size_bytes (Iceberg's commit.manifest.target-size-bytes)
+    rewrite_manifests_min_count: int = 100
+    manifest_target_size_bytes: int = DEFAULT_MANIFEST_TARGET_SIZE
 
     @property
     def split_above_bytes(self) -> int:
@@ -83,6 +90,8 @@ TABLE_PROPERTIES = {
     "compaction.zorder-columns": ("zorder_columns", _parse_columns),
     "compaction.expire.field": ("expire_field", str),
     "compaction.expire.retention-ms": ("expire_retention_ms", int),
+    "compaction.rewrite-manifests.min-count": ("rewrite_manifests_min_count", int),
+    ICEBERG_MANIFEST_TARGET_PROPERTY: ("manifest_target_size_bytes", int),
 }
 
 
@@ -119,6 +128,8 @@ def _validate(table_name: str, policy: Policy) -> None:
         problems.append("delete_ratio_threshold must be in (0, 1]")
     if policy.position_delete_file_threshold < 2:
         problems.append("position_delete_file_threshold must be at least 2")
+    if policy.rewrite_manifests_min_count < 2:
+        problems.append("rewrite_manifests_min_count must be at least 2")
     if policy.min_input_files < 2:
         problems.append("min_input_files must be at least 2")
     if policy.max_group_bytes < policy.target_file_size_bytes:

@@ -1,0 +1,360 @@
+"""Rewriting a table's small manifests (Iceberg's `rewrite_manifests`, Java's BaseRewriteManifests):
+metadata only, through the two-phase protocol.
+
+What readers see does not change: every live entry of the replaced manifests is written again,
+EXISTING, with its own snapshot id, data and file sequence numbers and its data_file record byte
+for byte (lake.manifest_io.write_restated), so the same data and delete files, with the same
+sequence numbers and statistics, are live after as before, and deletes apply exactly as before.
+Only the manifests holding them change: entries are clustered (sorted by partition values, then
+path) per content, partition spec and manifest header, and cut into manifests of about
+`commit.manifest.target-size-bytes`, at partition boundaries where a partition fits in one.
+
+Protocol: an EXECUTING ledger attempt (kind rewrite-manifests, partition "", sources: the
+manifests replaced) writes the new manifests into the metadata folder named after the attempt
+(so GC's orphan cleanup leaves them alone while it is open), then PREPARED (results: the new
+manifests), then one `replace` snapshot tagged with the task and attempt ids, then COMMITTED.
+The snapshot is made only if every replaced manifest is still in the head it lands on; manifests
+a concurrent commit added are kept as they are (pyiceberg's retries rebuild the manifest list on
+each new head). A concurrent commit that replaced one of them (a compaction, a delete) makes the
+attempt roll back (its manifests deleted) and the rewrite is planned again on the new head.
+Recovery never recommits a manifest rewrite: committed if a snapshot carries it or references
+one of its manifests, else rolled back (the next plan redoes it; the table never changed).
+
+pyiceberg 0.12 has no RewriteManifests producer: `_RewriteManifests` below is built on its
+private `_SnapshotProducer` (the snapshot, manifest list, commit and retry machinery), the only
+pyiceberg internal this module uses.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import time
+import uuid
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from pyiceberg.exceptions import CommitFailedException, ValidationException
+from pyiceberg.io import FileIO
+from pyiceberg.manifest import ManifestEntry, ManifestEntryStatus, ManifestFile
+from pyiceberg.table import Table, Transaction
+from pyiceberg.table.snapshots import Operation, Snapshot, Summary
+from pyiceberg.table.update.snapshot import _SnapshotProducer  # pyiceberg 0.12 private: no public producer
+from pyiceberg.typedef import EMPTY_DICT
+
+from compaction_assets.commit.heartbeat import Heartbeat
+from compaction_assets.commit.ledger import Attempt, Ledger
+from compaction_assets.commit.two_phase import (
+    ATTEMPT_ID_PROPERTY,
+    TASK_ID_PROPERTY,
+    abandon,
+    commit_snapshot,
+    confirm_committed,
+    roll_back,
+)
+from compaction_assets.errors import CompactionError
+from compaction_assets.faults import crash_point
+from compaction_assets.gc_pause import gc_paused
+from compaction_assets.lake.features import refusal
+from compaction_assets.lake.manifest_cache import manifest_contents
+from compaction_assets.lake.manifest_io import ManifestContents, partition_schema, write_restated
+from compaction_assets.planning.manifests import ManifestPlan, plan_manifests
+from compaction_assets.planning.planner import Kind
+from compaction_assets.planning.policy import Policy
+
+log = logging.getLogger("compaction_assets")
+KIND = str(Kind.REWRITE_MANIFESTS)
+MAX_PLANS = 4  # plans of one run: a concurrent commit that replaced a manifest makes it plan again
+# Java's RewriteManifests summary properties
+MANIFESTS_CREATED, MANIFESTS_KEPT, MANIFESTS_REPLACED, ENTRIES_PROCESSED = (
+    "manifests-created",
+    "manifests-kept",
+    "manifests-replaced",
+    "entries-processed",
+)
+
+
+@dataclass
+class ManifestRewriteReport:
+    """What a manifest rewrite did (or, for a dry run, would do); what the CLI prints and Dagster records."""
+
+    table_name: str
+    status: str  # committed | skipped | dry_run | backed_off
+    reason: str
+    manifests_before: int = 0
+    manifests_after: int = 0
+    manifests_replaced: int = 0
+    manifests_written: int = 0
+    entries: int = 0
+    bytes_replaced: int = 0
+    bytes_written: int = 0
+    snapshot_id: int | None = None
+    task_id: str = ""
+    attempt_id: str = ""
+    seconds: float = 0.0
+    plans: list[ManifestPlan] = field(default_factory=list, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.status != "backed_off"
+
+
+@gc_paused()  # an entry object per file of the rewritten manifests
+def rewrite_manifests(
+    table: Table,
+    table_name: str,
+    ledger: Ledger,
+    policy: Policy,
+    task_id: str | None = None,
+    dry_run: bool = False,
+    heartbeat_seconds: float = 10.0,
+) -> ManifestRewriteReport:
+    """Rewrite the table's small manifests if planning says they are due (planning/manifests.py).
+
+    A dry run plans and reports what would be replaced and written, and changes nothing. A rerun
+    plans again from the table's current manifests: once rewritten, they are not due."""
+    started = time.monotonic()
+    task_id = task_id or f"manifests-{uuid.uuid4().hex[:12]}"
+    reasons: list[str] = []
+    plans: list[ManifestPlan] = []
+    for _ in range(MAX_PLANS):
+        table.refresh()
+        snapshot = table.current_snapshot()
+        manifests = snapshot.manifests(table.io) if snapshot is not None else []
+        plan = plan_manifests(manifests, policy, refusal(table))
+        plans.append(plan)
+        report = ManifestRewriteReport(
+            table_name, "skipped", plan.reason, len(manifests), len(manifests), task_id=task_id, plans=plans
+        )
+        if plan.due and dry_run:
+            report.status = "dry_run"
+            report.manifests_replaced, report.manifests_written = plan.small, plan.expected_outputs
+            report.manifests_after = len(manifests) - plan.small + plan.expected_outputs
+            report.entries, report.bytes_replaced = plan.entries, plan.small_bytes
+        elif plan.due and snapshot is not None:
+            _run(table, table_name, ledger, policy, snapshot, manifests, plan, heartbeat_seconds, report)
+            if report.status == "backed_off":
+                reasons.append(report.reason)
+                continue
+        report.seconds = time.monotonic() - started
+        return report
+    report.reason = f"gave way {MAX_PLANS} times to concurrent commits; last: {reasons[-1]}"
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _run(
+    table: Table,
+    table_name: str,
+    ledger: Ledger,
+    policy: Policy,
+    snapshot: Snapshot,
+    manifests: list[ManifestFile],
+    plan: ManifestPlan,
+    heartbeat_seconds: float,
+    report: ManifestRewriteReport,
+) -> None:
+    """One attempt: write, prepare, commit; fills `report` (status backed_off: plan again)."""
+    chosen = set(plan.paths)
+    sources = [m for m in manifests if m.manifest_path in chosen]
+    contents = {m.manifest_path: manifest_contents(m, table.io) for m in sources}
+    replaced = [m for m in sources if contents[m.manifest_path].restatable]
+    if len(replaced) < 2:
+        report.reason = (
+            f"{len(sources) - len(replaced)} of the {len(sources)} small manifests are not in the "
+            f"format-version-2 entry layout this rewrite copies: not rewritten; {plan.reason}"
+        )
+        return
+    entries = sum(len(contents[m.manifest_path].entries) for m in replaced)
+    metadata_dir = table.location_provider().new_metadata_location("x").rsplit("/", 1)[0]
+    attempt = ledger.begin(
+        task_id=report.task_id,
+        table_name=table_name,
+        partition_key="",
+        kind=KIND,
+        base_snapshot_id=snapshot.snapshot_id,
+        source_files=[m.manifest_path for m in replaced],
+        output_dirs=[metadata_dir],
+        rows_in=entries,
+        bytes_in=sum(m.manifest_length for m in replaced),
+    )
+    report.attempt_id = attempt.attempt_id
+    with Heartbeat(ledger, heartbeat_seconds) as heartbeat:
+        heartbeat.track(attempt.attempt_id)
+        try:
+            txn = table.transaction()
+            properties = {TASK_ID_PROPERTY: attempt.task_id, ATTEMPT_ID_PROPERTY: attempt.attempt_id}
+            producer = _RewriteManifests(txn, table.io, properties)
+            written = write_clustered(
+                table, replaced, contents, producer.snapshot_id, policy.manifest_target_size_bytes, attempt.attempt_id
+            )
+            producer.replace(replaced, written, entries)
+            ledger.prepare(
+                attempt.attempt_id,
+                [{"file_path": m.manifest_path, "content": "manifest"} for m in written],
+                rows_out=sum((m.existing_files_count or 0) for m in written),
+                bytes_out=sum(m.manifest_length for m in written),
+            )
+        except Exception as exc:
+            abandon(table, ledger, attempt, f"could not write the manifests: {exc}")
+            raise
+        crash_point("after_prepare")
+        try:
+            with producer:
+                pass
+            txn.commit_transaction()
+        except (CommitFailedException, ValidationException) as exc:  # guaranteed not to have landed
+            report.status, report.reason = "backed_off", str(roll_back(table, ledger, attempt, str(exc)))
+            return
+        except Exception as exc:
+            raise CompactionError(
+                f"{table_name}: manifest rewrite commit outcome unknown ({type(exc).__name__}: {exc}); attempt "
+                f"{attempt.attempt_id} stays PREPARED and recovery finishes it"
+            ) from exc
+        crash_point("after_iceberg_commit")
+        committed = confirm_committed(table, ledger, attempt)
+    table.refresh()
+    report.status = "committed"
+    report.snapshot_id = committed.committed_snapshot_id
+    report.manifests_replaced, report.manifests_written = len(replaced), len(written)
+    report.manifests_after = len(table.current_snapshot().manifests(table.io))  # type: ignore[union-attr]
+    report.entries = entries
+    report.bytes_replaced = attempt.bytes_in
+    report.bytes_written = sum(m.manifest_length for m in written)
+    report.reason = (
+        f"{len(replaced)} manifest(s) ({entries} entries, {report.bytes_replaced} B) -> {len(written)} "
+        f"clustered by partition ({report.bytes_written} B)"
+    )
+    log.info("%s: rewrote manifests in snapshot %s: %s", table_name, report.snapshot_id, report.reason)
+
+
+def write_clustered(
+    table: Table,
+    manifests: Sequence[ManifestFile],
+    contents: dict[str, ManifestContents],
+    snapshot_id: int,
+    target_bytes: int,
+    prefix: str,
+) -> list[ManifestFile]:
+    """The live entries of `manifests` (restatable ones), EXISTING, in new manifests named
+    `<prefix>-m<n>.avro` in the metadata folder: per header (so per content and spec), sorted by
+    partition values then path, cut at about `target_bytes` (estimated from the sources' bytes
+    per entry, their headers left out), at a partition boundary where the partition fits in one."""
+    metadata = table.metadata
+    groups: dict[str, list[tuple[ManifestContents, int]]] = {}
+    sizes: Counter[str] = Counter()
+    for manifest in manifests:
+        found = contents[manifest.manifest_path]
+        key = json.dumps(found.header, sort_keys=True)
+        groups.setdefault(key, []).extend((found, i) for i in range(len(found.entries)))
+        sizes[key] += max(manifest.manifest_length - len(key), 1)
+    provider = table.location_provider()
+    numbers = itertools.count()
+    written: list[ManifestFile] = []
+    for key, members in groups.items():
+        if not members:
+            continue
+        capacity = max(1, int(target_bytes * len(members) / sizes[key]))
+        members.sort(key=lambda m: _cluster_key(m[0].entries[m[1]]))
+        spec_id = members[0][0].entries[members[0][1]].data_file.spec_id
+        spec, schema = metadata.specs()[spec_id], partition_schema(metadata, spec_id)
+        for chunk in _chunks(members, capacity):
+            output = table.io.new_output(provider.new_metadata_location(f"{prefix}-m{next(numbers)}.avro"))
+            parts = [(c, [i for _, i in run]) for c, run in itertools.groupby(chunk, key=lambda m: m[0])]
+            written.append(write_restated(output, parts, ManifestEntryStatus.EXISTING, snapshot_id, spec, schema))
+    return written
+
+
+def _partition(entry: ManifestEntry) -> tuple:
+    partition = entry.data_file.partition
+    return tuple((value is not None, value) for value in (partition[i] for i in range(len(partition))))
+
+
+def _cluster_key(entry: ManifestEntry) -> tuple:
+    return _partition(entry), entry.data_file.file_path
+
+
+def _chunks(members: list[tuple[ManifestContents, int]], capacity: int) -> list[list[tuple[ManifestContents, int]]]:
+    """Consecutive runs of at most `capacity` entries; a partition that fits in one starts a new
+    chunk rather than straddling two."""
+    chunks: list[list[tuple[ManifestContents, int]]] = [[]]
+    for _, run in itertools.groupby(members, key=lambda m: _partition(m[0].entries[m[1]])):
+        run_list = list(run)
+        if chunks[-1] and len(chunks[-1]) + len(run_list) > capacity >= len(run_list):
+            chunks.append([])
+        for member in run_list:
+            if len(chunks[-1]) >= capacity:
+                chunks.append([])
+            chunks[-1].append(member)
+    return chunks
+
+
+def committed_by_manifests(table: Table, attempt: Attempt) -> int | None:
+    """The id of the oldest snapshot the table has that carries the attempt or lists one of its
+    manifests (the one that committed it may have been expired since), else None."""
+    if (snapshot := commit_snapshot(table, attempt)) is not None:
+        return snapshot.snapshot_id
+    results = {d["file_path"] for d in attempt.result_files}
+    for snapshot in sorted(table.metadata.snapshots, key=lambda s: s.sequence_number or 0):
+        if any(m.manifest_path in results for m in snapshot.manifests(table.io)):
+            return snapshot.snapshot_id
+    return None
+
+
+class _RewriteManifests(_SnapshotProducer["_RewriteManifests"]):
+    """A `replace` snapshot whose manifest list is the head's with the replaced manifests swapped
+    for the written ones (Java's BaseRewriteManifests); made again on each of pyiceberg's commit
+    retries with the new head as parent. Raises ValidationException if a replaced manifest is not
+    in that head (a concurrent commit replaced it)."""
+
+    def __init__(self, transaction: Transaction, io: FileIO, snapshot_properties: dict[str, str]) -> None:
+        super().__init__(
+            operation=Operation.REPLACE, transaction=transaction, io=io, snapshot_properties=snapshot_properties
+        )
+        self._replaced: frozenset[str] = frozenset()
+        self._written: list[ManifestFile] = []
+        self._entries = 0
+        self._kept = 0
+
+    def replace(self, replaced: Sequence[ManifestFile], written: list[ManifestFile], entries: int) -> None:
+        self._replaced = frozenset(m.manifest_path for m in replaced)
+        self._written = written
+        self._entries = entries
+
+    def _deleted_entries(self) -> list[ManifestEntry]:
+        return []
+
+    def _existing_manifests(self) -> list[ManifestFile]:
+        return []
+
+    def _validate_concurrency(self) -> None:
+        """Nothing here: `_manifests` checks the replaced manifests against each try's head."""
+
+    def _manifests(self) -> list[ManifestFile]:
+        metadata = self._transaction.table_metadata
+        parent = metadata.snapshot_by_id(self._parent_snapshot_id) if self._parent_snapshot_id is not None else None
+        current = parent.manifests(self._io) if parent is not None else []
+        if missing := self._replaced - {m.manifest_path for m in current}:
+            raise ValidationException(
+                f"{len(missing)} manifest(s) to replace are no longer in the table's current snapshot "
+                f"(e.g. {sorted(missing)[0]}): a concurrent commit rewrote them"
+            )
+        kept = [m for m in current if m.manifest_path not in self._replaced]
+        self._kept = len(kept)
+        return [*self._written, *kept]
+
+    def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
+        """No file added or removed: the parent's totals, and Java's manifest counts."""
+        metadata = self._transaction.table_metadata
+        parent = metadata.snapshot_by_id(self._parent_snapshot_id) if self._parent_snapshot_id is not None else None
+        previous = parent.summary.additional_properties if parent is not None and parent.summary is not None else {}
+        totals = {k: v for k, v in previous.items() if k.startswith("total-")}
+        counts = {
+            MANIFESTS_CREATED: str(len(self._written)),
+            MANIFESTS_KEPT: str(self._kept),
+            MANIFESTS_REPLACED: str(len(self._replaced)),
+            ENTRIES_PROCESSED: str(self._entries),
+        }
+        return Summary(operation=self._operation, **totals, **counts, **snapshot_properties)
