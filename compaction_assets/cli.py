@@ -23,9 +23,8 @@ from compaction_assets.redact import RedactingFilter, redact
 if TYPE_CHECKING:
     from pyiceberg.table import Table
 
-    from compaction_assets.planning.manifests import ManifestPlan
-
     from compaction_assets.lake.digest import RowsDigest
+    from compaction_assets.planning.manifests import ManifestPlan
 
 
 def _engine(ctx: click.Context, read_only: bool = False, new_catalog: bool = False) -> Engine:

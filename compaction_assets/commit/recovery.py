@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
-from compaction_assets.commit.ledger import Attempt, Ledger, StaleAttempt, Status
 from compaction_assets.commit import manifest_rewrite
+from compaction_assets.commit.ledger import Attempt, Ledger, StaleAttempt, Status
 from compaction_assets.commit.two_phase import abandon, commit_prepared, commit_snapshot, confirm_committed, roll_back
 from compaction_assets.errors import BackOff, CompactionError
 from compaction_assets.lake.catalog import TableNotFound, load_table
