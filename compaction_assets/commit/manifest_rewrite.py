@@ -66,6 +66,7 @@ from compaction_assets.planning.policy import Policy
 
 log = logging.getLogger("compaction_assets")
 KIND = str(Kind.REWRITE_MANIFESTS)
+HEADER_OVERHEAD = 32  # an Avro header's bytes beside its metadata's keys and values (magic, lengths, sync)
 MAX_PLANS = 4  # plans of one run: a concurrent commit that replaced a manifest makes it plan again
 # Java's RewriteManifests summary properties
 MANIFESTS_CREATED, MANIFESTS_KEPT, MANIFESTS_REPLACED, ENTRIES_PROCESSED = (
@@ -241,22 +242,24 @@ def write_clustered(
     """The live entries of `manifests` (restatable ones), EXISTING, in new manifests named
     `<prefix>-m<n>.avro` in the metadata folder: per header (so per content and spec), sorted by
     partition values then path, cut at about `target_bytes` (estimated from the sources' bytes
-    per entry, their headers left out), at a partition boundary where the partition fits in one."""
+    per entry and the header's size), at a partition boundary where the partition fits in one."""
     metadata = table.metadata
     groups: dict[str, list[tuple[ManifestContents, int]]] = {}
-    sizes: Counter[str] = Counter()
+    sizes: Counter[str] = Counter()  # bytes of the entries, headers left out
+    headers: dict[str, int] = {}  # bytes of the header
     for manifest in manifests:
         found = contents[manifest.manifest_path]
         key = json.dumps(found.header, sort_keys=True)
         groups.setdefault(key, []).extend((found, i) for i in range(len(found.entries)))
-        sizes[key] += max(manifest.manifest_length - len(key), 1)
+        headers[key] = HEADER_OVERHEAD + sum(len(k.encode()) + len(v.encode()) for k, v in found.header.items())
+        sizes[key] += max(manifest.manifest_length - headers[key], 1)
     provider = table.location_provider()
     numbers = itertools.count()
     written: list[ManifestFile] = []
     for key, members in groups.items():
         if not members:
             continue
-        capacity = max(1, int(target_bytes * len(members) / sizes[key]))
+        capacity = max(1, int(max(target_bytes - headers[key], 1) * len(members) / sizes[key]))
         members.sort(key=lambda m: _cluster_key(m[0].entries[m[1]]))
         spec_id = members[0][0].entries[members[0][1]].data_file.spec_id
         spec, schema = metadata.specs()[spec_id], partition_schema(metadata, spec_id)

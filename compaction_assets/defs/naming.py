@@ -12,6 +12,7 @@ PRIORITY_TAG = "dagster/priority"
 PARTITION_TAG = "dagster/partition"
 RANGE_START_TAG = "dagster/asset_partition_range_start"  # a run over a range of partitions
 RANGE_END_TAG = "dagster/asset_partition_range_end"
+MAINTENANCE_TAG = "compaction/maintenance"  # what a maintenance run does: recovery, rewrite-manifests, ...
 CHECK_NAME = "precommit_commit_consistency"
 LOCATION_NAME = "compaction_assets"  # the code location, in workspace.yaml and the demo's workspace
 WEBSERVER_ENV = "COMPACTION_DAGSTER_URL"  # the webserver the sensor asks to reload the code location

@@ -37,8 +37,10 @@ from dagster import (
 from compaction_assets.commit.ledger import OPEN
 from compaction_assets.commit.recovery import orphaned_because
 from compaction_assets.config import CompactionConfig, TableRule
+from compaction_assets.defs.gc_assets import gc_key
 from compaction_assets.defs.naming import (
     LOCATION_NAME,
+    MAINTENANCE_TAG,
     PARTITION_TAG,
     PRIORITY_TAG,
     QUEUE_TAG,
@@ -56,7 +58,9 @@ from compaction_assets.errors import CompactionError
 from compaction_assets.execution import connect_server
 from compaction_assets.execution.spark import require_server
 from compaction_assets.lake.catalog import load_table, managed_tables, metadata_locations
-from compaction_assets.planning.scheduling import Batch, Candidate, Decision, decide
+from compaction_assets.planning.manifests import ManifestPlan
+from compaction_assets.planning.planner import Kind, PartitionPlan
+from compaction_assets.planning.scheduling import MANIFESTS_KEY, Batch, Candidate, Decision, decide
 from compaction_assets.redact import redact
 
 SKIPS_LOGGED = 20  # per reason: a table of thousands of waiting partitions logs these and a count
@@ -121,11 +125,12 @@ def fragmentation_sensor(
 
     @sensor(
         name="fragmentation_sensor",
-        asset_selection=AssetSelection.key_prefixes("lake"),
+        asset_selection=AssetSelection.key_prefixes("lake") | AssetSelection.key_prefixes("gc"),
         minimum_interval_seconds=interval_seconds,
         default_status=DefaultSensorStatus.RUNNING,
         description="Plans tables whose snapshot changed, records their fragmentation as observations, and "
-        "requests compaction of fragmented partitions, by priority, within each queue's capacity.",
+        "requests compaction of fragmented partitions (or, of a table with none, a rewrite of its small "
+        "manifests), by priority, within each queue's capacity.",
     )
     def _sensor(context: SensorEvaluationContext, compaction: CompactionResource) -> SensorResult:
         return evaluate_fragmentation(context, compaction.load(), tables, left_out)
@@ -226,7 +231,10 @@ def evaluate_fragmentation(
         )
         if tplan.refused:
             context.log.info(f"{name}: not compacted: {tplan.refused}")
-        worth = {p.partition_key: p for p in tplan.to_compact}
+        worth: dict[str, PartitionPlan | ManifestPlan] = {p.partition_key: p for p in tplan.to_compact}
+        if tplan.rewrite_manifests_due and tplan.manifests is not None:
+            worth[MANIFESTS_KEY] = tplan.manifests
+            context.log.info(f"{name}: {tplan.manifests.reason}")
         for key in waiting:
             if key.split("|", 1)[1] not in worth:
                 del cursor.waiting[key]
@@ -302,6 +310,13 @@ def _run_request(batch: Batch, log: logging.Logger) -> RunRequest:
     first = batch.members[0]
     tags = {QUEUE_TAG: batch.queue, TABLE_TAG: batch.table_name, PRIORITY_TAG: str(batch.priority)}
     where = f"(queue {batch.queue}, priority {batch.priority})"
+    if first.partition_key == MANIFESTS_KEY:  # the table's maintenance asset, see defs/gc_assets.py
+        log.info(f"request {batch.table_name} rewrite-manifests {where}: benefit {first.benefit:.2f}")
+        return RunRequest(
+            run_key=f"{batch.table_name}|{MANIFESTS_KEY}|{first.snapshot_id}",
+            asset_selection=[gc_key(batch.table_name)],
+            tags={**tags, MAINTENANCE_TAG: str(Kind.REWRITE_MANIFESTS)},
+        )
     if len(batch.members) == 1:
         log.info(
             f"request {batch.table_name} [{first.partition_key or '-'}] {where}: benefit {first.benefit:.2f} files/MiB"
@@ -330,6 +345,9 @@ def runs_in_flight(instance: DagsterInstance, runs: Sequence[DagsterRun]) -> dic
     orders: dict[str, list[str]] = {}
     for run in runs:
         if (table := run.tags.get(TABLE_TAG)) is None:
+            continue
+        if run.tags.get(MAINTENANCE_TAG) == str(Kind.REWRITE_MANIFESTS):
+            in_flight[(table, MANIFESTS_KEY)] = run.run_id
             continue
         if (start := run.tags.get(RANGE_START_TAG)) is None:
             in_flight[(table, run.tags.get(PARTITION_TAG, ""))] = run.run_id

@@ -8,6 +8,8 @@ One in-flight run per (table, partition).
 Batches: a run covers a range of up to `max_partitions_per_run` consecutive partitions of one table
 (in the asset's partition order) that no other run covers; its due partitions ride in it, and it
 takes one capacity slot.
+Table-level maintenance (a manifest rewrite) is a candidate keyed MANIFESTS_KEY, a run of its own;
+the sensor makes it one only when no partition of the table is due (engine.TablePlan).
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+
+# The candidate key of a table's manifest rewrite: no partition key (those are `name=value` paths,
+# or "" for an unpartitioned table) can be it, so it is never in a table's partition order.
+MANIFESTS_KEY = "(manifests)"
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,258 @@
+"""The manifest rewrite (commit/manifest_rewrite.py) on real tables: many appends leave many small
+manifests; the rewrite leaves few, clustered by partition, with the same live files, sequence
+numbers and statistics, and the same rows in the spec reader and DuckDB, deletes included. No
+Spark: the rewrite is metadata only."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from pyiceberg.expressions import EqualTo
+from pyiceberg.manifest import ManifestContent, ManifestEntryStatus
+from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Operation
+
+from compaction_assets import faults
+from compaction_assets.commit.ledger import Status
+from compaction_assets.commit.manifest_rewrite import MANIFESTS_REPLACED
+from compaction_assets.lake.delete_files import commit_delete_files, equality_delete_file, position_delete_file
+from compaction_assets.lake.manifest_cache import live_entries
+from compaction_assets.planning.planner import Kind
+from tests.conftest import BY_REGION, SCHEMA, Lake, batch, make_lake
+from tests.lakekit.duckdb_reader import duckdb_rows
+from tests.lakekit.files import data_of, rows
+from tests.lakekit.oracle import row_key
+from tests.lakekit.spec_reader import spec_rows
+
+REGIONS = ("a", "b", "c", "d")
+ROWS = 10
+
+
+@pytest.fixture
+def lake(tmp_path: Path) -> Iterator[Lake]:
+    with make_lake(tmp_path, None) as lake:  # no Spark: nothing here rewrites data
+        yield lake
+
+
+def streamed(lake: Lake, appends: int = 24, **properties: str) -> tuple[Table, Counter]:
+    """A table appended to `appends` times (one small manifest each), round robin over REGIONS;
+    returns it and the rows appended."""
+    props = {"compaction.rewrite-manifests.min-count": "10", **properties}
+    table = lake.catalog.create_table("ns.t", schema=SCHEMA, partition_spec=BY_REGION, properties=props)
+    expected: Counter = Counter()
+    for i in range(appends):
+        data = batch(i * ROWS, ROWS, REGIONS[i % len(REGIONS)])
+        table.append(data)
+        expected.update(row_key(r) for r in data.to_pylist())
+    table.refresh()
+    return table, expected
+
+
+def manifests(table: Table, content: ManifestContent | None = None) -> list:
+    table.refresh()
+    found = table.current_snapshot().manifests(table.io)
+    return [m for m in found if content is None or m.content == content]
+
+
+def entries(table: Table) -> list[dict]:
+    """What readers see of each live file (pyiceberg's entries table), without the entry status."""
+    table.refresh()
+    found = table.inspect.entries().drop_columns(["status"]).to_pylist()
+    return sorted(found, key=lambda e: e["data_file"]["file_path"])
+
+
+def test_many_small_manifests_become_few_clustered_by_partition_with_the_same_files_and_rows(lake: Lake):
+    table, expected = streamed(lake, **{"commit.manifest.target-size-bytes": "8000"})
+    before = entries(table)
+    assert len(manifests(table)) == 24
+    tplan = lake.engine.plan("ns.t")
+    assert tplan.manifests.due and tplan.manifests.kind == Kind.REWRITE_MANIFESTS
+    assert "24 small manifest(s) >= compaction.rewrite-manifests.min-count=10" in tplan.manifests.reason
+    assert "avg 1.0 entries per small manifest" in tplan.manifests.reason
+    assert tplan.manifests.benefit > 0
+    assert not tplan.rewrite_manifests_due  # every partition has 6 fragments: compactions come first
+    parent = table.current_snapshot()
+
+    report = lake.engine.rewrite_manifests("ns.t", task_id="t1")
+
+    assert report.status == "committed", report.reason
+    after = manifests(table)
+    assert 1 < len(after) <= len(REGIONS), [m.manifest_length for m in after]  # clustered, not one
+    assert all(m.manifest_length <= 8000 for m in after)  # about the target, not above it
+    regions_in = defaultdict(set)
+    for i, m in enumerate(after):
+        found = live_entries(m, table.io)
+        keys = [(e.data_file.partition[0], e.data_file.file_path) for e in found]
+        assert keys == sorted(keys)  # sorted by partition, then path
+        assert {e.status for e in found} == {ManifestEntryStatus.EXISTING}
+        for e in found:
+            regions_in[e.data_file.partition[0]].add(i)
+    assert all(len(v) == 1 for v in regions_in.values()), regions_in  # each partition in one manifest
+    assert entries(table) == before  # same files, snapshot ids, sequence numbers, statistics
+    assert rows(spec_rows, table) == expected
+    assert rows(duckdb_rows, table) == expected
+    assert Counter(row_key(r) for r in table.scan().to_arrow().to_pylist()) == expected
+    snapshot = table.current_snapshot()
+    summary = snapshot.summary
+    assert summary.operation == Operation.REPLACE and snapshot.parent_snapshot_id == parent.snapshot_id
+    assert summary["compaction.task-id"] == "t1" and summary["compaction.attempt-id"] == report.attempt_id
+    assert summary[MANIFESTS_REPLACED] == "24"
+    for total in ("total-data-files", "total-records", "total-files-size", "total-delete-files"):
+        assert summary[total] == parent.summary[total]
+    [attempt] = lake.engine.ledger.attempts(table_name="ns.t")
+    assert attempt.status == Status.COMMITTED and attempt.kind == "rewrite-manifests"
+    assert attempt.committed_snapshot_id == snapshot.snapshot_id
+    again = lake.engine.plan("ns.t").manifests
+    assert not again.due and "manifests not due" in again.reason
+
+
+def test_deletes_still_apply_exactly_as_before(lake: Lake):
+    """Position and equality deletes in their own small manifests; an equality delete older than a
+    later append of the same id must not apply to it (data sequence numbers kept)."""
+    table, expected = streamed(lake, appends=8, **{"compaction.rewrite-manifests.min-count": "5"})
+    a = data_of(table, "a")
+    commit_delete_files(table, [position_delete_file(table, a[0], [0, 3])])
+    table.refresh()
+    b = data_of(table, "b")
+    for ids in ([10, 11], [50]):  # rows of region b's files
+        commit_delete_files(table, [equality_delete_file(table, 0, b[0].partition, ["id"], [{"id": i} for i in ids])])
+        table.refresh()
+    again = batch(10, 1, "b")  # id 10 appended again, after the equality delete that removed the first
+    table.append(again)
+    table.refresh()
+    expected = rows(spec_rows, table)
+    assert sum(expected.values()) == 8 * ROWS - 2 - 3 + 1 and expected[row_key(again.to_pylist()[0])] == 1
+    assert rows(duckdb_rows, table) == expected
+    before = entries(table)
+    assert len(manifests(table, ManifestContent.DELETES)) == 3
+
+    report = lake.engine.rewrite_manifests("ns.t")
+
+    assert report.status == "committed", report.reason
+    assert len(manifests(table, ManifestContent.DELETES)) == 1 and len(manifests(table, ManifestContent.DATA)) == 1
+    assert entries(table) == before
+    assert rows(spec_rows, table) == expected
+    assert rows(duckdb_rows, table) == expected
+
+
+def test_an_append_during_the_rewrite_is_kept(lake: Lake):
+    table, expected = streamed(lake)
+    late = batch(10_000, 5, "e")
+
+    def append_meanwhile() -> None:
+        other = lake.catalog.load_table("ns.t")
+        other.append(late)
+
+    faults.arm("after_prepare", append_meanwhile)
+    try:
+        report = lake.engine.rewrite_manifests("ns.t")
+    finally:
+        faults.disarm()
+
+    assert report.status == "committed", report.reason
+    expected.update(row_key(r) for r in late.to_pylist())
+    assert len(manifests(table)) == 2  # the rewritten one and the concurrent append's
+    assert rows(spec_rows, table) == expected
+    assert rows(duckdb_rows, table) == expected
+    assert lake.engine.ledger.attempts(table_name="ns.t")[0].status == Status.COMMITTED
+
+
+def test_a_concurrent_commit_that_rewrote_a_manifest_makes_it_plan_again(lake: Lake):
+    """A copy-on-write delete rewrites the manifest of the file it touches: the attempt rolls back
+    (its manifests deleted) and the rewrite is planned again on the new head."""
+    table, expected = streamed(lake)
+
+    def delete_meanwhile() -> None:
+        lake.catalog.load_table("ns.t").delete(EqualTo("id", 5))
+
+    faults.arm("after_prepare", delete_meanwhile)
+    try:
+        report = lake.engine.rewrite_manifests("ns.t")
+    finally:
+        faults.disarm()
+
+    assert report.status == "committed", report.reason
+    first, second = sorted(lake.engine.ledger.attempts(table_name="ns.t"), key=lambda a: a.created_at)
+    assert first.status == Status.ROLLED_BACK and "no longer in the table's current snapshot" in first.reason
+    assert second.status == Status.COMMITTED
+    metadata_dir = Path(table.location().removeprefix("file://")) / "metadata"
+    assert not list(metadata_dir.glob(f"{first.attempt_id}*"))  # the rolled-back attempt's manifests went
+    expected -= Counter(row_key(r) for r in batch(5, 1, "a").to_pylist())
+    table.refresh()
+    assert rows(spec_rows, table) == expected
+    assert rows(duckdb_rows, table) == expected
+
+
+def test_dry_run_changes_nothing_and_a_paused_table_is_left_alone(lake: Lake):
+    table, _ = streamed(lake)
+    snapshot = table.current_snapshot().snapshot_id
+
+    dry = lake.engine.rewrite_manifests("ns.t", dry_run=True)
+
+    assert dry.status == "dry_run" and dry.manifests_replaced == 24 and dry.manifests_after == 1
+    assert manifests(table) and table.current_snapshot().snapshot_id == snapshot
+    assert lake.engine.ledger.attempts(table_name="ns.t") == []
+    lake.engine.set_enabled("ns.t", False)
+    paused = lake.engine.rewrite_manifests("ns.t")
+    assert paused.status == "skipped" and "paused" in paused.reason
+    assert len(manifests(table)) == 24
+
+
+def test_a_crash_before_the_commit_is_rolled_back_and_one_after_it_confirmed(lake: Lake):
+    """The process dies (kill -9) with the attempt PREPARED, before and after the Iceberg commit."""
+    table, expected = streamed(lake)
+    for point, status, count in (
+        ("after_prepare", Status.ROLLED_BACK, 24),
+        ("after_iceberg_commit", Status.COMMITTED, 1),
+    ):
+        killed = lake.cli("rewrite-manifests", "ns.t", "--task-id", point, crash_at=point)
+        assert killed.returncode == 137, killed.stderr
+        [attempt] = lake.engine.ledger.attempts(task_id=point)
+        assert attempt.status == Status.PREPARED
+
+        report = lake.engine.recover()
+
+        assert lake.engine.ledger.get(attempt.attempt_id).status == status, report
+        assert len(manifests(table)) == count
+        assert rows(spec_rows, table) == expected
+    metadata_dir = Path(table.location().removeprefix("file://")) / "metadata"
+    [rolled_back, committed] = [a.attempt_id for a in sorted(lake.engine.ledger.attempts(), key=lambda a: a.created_at)]
+    assert not list(metadata_dir.glob(f"{rolled_back}*")) and list(metadata_dir.glob(f"{committed}*"))
+
+
+def test_cli_plan_shows_the_table_level_plan_and_rewrite_manifests_runs_it(lake: Lake):
+    streamed(lake, **{"compaction.min-input-files": "100"})  # no compaction due
+
+    plan = lake.cli("plan", "ns.t")
+    dry = lake.cli("rewrite-manifests", "ns.t", "--dry-run")
+    run = lake.cli("rewrite-manifests", "ns.t")
+    again = lake.cli("plan", "ns.t")
+
+    assert plan.returncode == 0, plan.stderr
+    assert "table: rewrite-manifests, benefit" in plan.stdout and "24 small manifest(s)" in plan.stdout
+    assert dry.returncode == 0 and "would rewrite 24 small manifest(s)" in dry.stdout, dry.stdout + dry.stderr
+    assert run.returncode == 0 and "24 -> 1 manifest(s)" in run.stdout, run.stdout + run.stderr
+    assert "table: nothing: manifests not due" in again.stdout
+
+
+def test_an_unpartitioned_table_and_appended_rows_in_one_manifest_each(lake: Lake):
+    table = lake.catalog.create_table(
+        "ns.flat", schema=SCHEMA, properties={"compaction.rewrite-manifests.min-count": "3"}
+    )
+    expected: Counter = Counter()
+    for i in range(4):
+        data = pa.Table.from_pylist(batch(i * 3, 3, "x").to_pylist(), schema=SCHEMA.as_arrow())
+        table.append(data)
+        expected.update(row_key(r) for r in data.to_pylist())
+    before = entries(table)
+
+    report = lake.engine.rewrite_manifests("ns.flat")
+
+    assert report.status == "committed" and report.manifests_after == 1, report
+    assert entries(table) == before
+    assert rows(spec_rows, table) == expected
+    assert rows(duckdb_rows, table) == expected
