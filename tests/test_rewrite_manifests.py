@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from dagster import DagsterRunStatus, build_sensor_context, instance_for_test
+from dagster._core.test_utils import create_run_for_test
 from pyiceberg.expressions import EqualTo
 from pyiceberg.manifest import ManifestContent, ManifestEntryStatus
 from pyiceberg.table import Table
@@ -19,6 +21,11 @@ from pyiceberg.table.snapshots import Operation
 from compaction_assets import faults
 from compaction_assets.commit.ledger import Status
 from compaction_assets.commit.manifest_rewrite import MANIFESTS_REPLACED
+from compaction_assets.config import load_config
+from compaction_assets.defs.build import build_definitions
+from compaction_assets.defs.gc_assets import gc_key
+from compaction_assets.defs.naming import table_key
+from compaction_assets.defs.resources import CompactionResource
 from compaction_assets.lake.delete_files import commit_delete_files, equality_delete_file, position_delete_file
 from compaction_assets.lake.manifest_cache import live_entries
 from compaction_assets.planning.planner import Kind
@@ -256,3 +263,46 @@ def test_an_unpartitioned_table_and_appended_rows_in_one_manifest_each(lake: Lak
     assert entries(table) == before
     assert rows(spec_rows, table) == expected
     assert rows(duckdb_rows, table) == expected
+
+
+def test_the_sensor_requests_it_and_the_run_materialises_the_tables_maintenance_asset(lake: Lake):
+    """On a real Dagster instance: due and no partition to compact -> a run of the table's
+    maintenance asset tagged rewrite-manifests; not again while it is in flight; the run's
+    materialisation has kind rewrite-manifests; the next tick finds nothing due."""
+    table, expected = streamed(lake, **{"compaction.min-input-files": "100"})
+    props = {"compaction.rewrite-manifests.min-count": "10"}
+    busy = lake.catalog.create_table("ns.busy", schema=SCHEMA, partition_spec=BY_REGION, properties=props)
+    for i in range(12):  # as many small manifests, and fragments worth compacting: compaction first
+        busy.append(batch(1000 + i * ROWS, ROWS, "a"))
+    defs = build_definitions(load_config(lake.config_path))
+    resources = {"compaction": CompactionResource(config_path=str(lake.config_path))}
+    sensor = defs.get_sensor_def("fragmentation_sensor")
+    with instance_for_test() as instance:
+
+        def tick() -> list:
+            return sensor(build_sensor_context(instance=instance, definitions=defs, resources=resources)).run_requests
+
+        requests = {r.tags["compaction/table"]: r for r in tick()}
+
+        maintenance = requests["ns.t"]
+        tags = dict(maintenance.tags)
+        assert maintenance.asset_selection == [gc_key("ns.t")] and maintenance.partition_key is None
+        assert maintenance.tags["compaction/maintenance"] == "rewrite-manifests"
+        assert maintenance.tags["compaction/queue"] == "default" and "dagster/priority" in maintenance.tags
+        assert requests["ns.busy"].asset_selection == [table_key("ns.busy")]  # a partition compaction
+        queued = create_run_for_test(instance, job_name="__ASSET_JOB", status=DagsterRunStatus.STARTING, tags=tags)
+        assert "ns.t" not in {r.tags["compaction/table"] for r in tick()}  # in flight
+        instance.delete_run(queued.run_id)
+        job = defs.resolve_implicit_global_asset_job_def().get_subset(asset_selection={gc_key("ns.t")})
+
+        result = job.execute_in_process(instance=instance, tags=maintenance.tags)
+
+        assert result.success
+        [event] = result.asset_materializations_for_node("gc_tables")
+        meta = {k: v.value for k, v in event.metadata.items()}
+        assert event.asset_key == gc_key("ns.t")
+        assert meta["kind"] == "rewrite-manifests" and meta["status"] == "committed", meta
+        assert meta["manifests_before"] == 24 and meta["manifests_after"] == 1
+        assert int(meta["snapshot_id"]) == lake.table("ns.t").current_snapshot().snapshot_id
+        assert "ns.t" not in {r.tags["compaction/table"] for r in tick()}  # not due any more
+    assert rows(spec_rows, lake.table("ns.t")) == expected
