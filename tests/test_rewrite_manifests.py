@@ -6,7 +6,7 @@ Spark: the rewrite is metadata only."""
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -20,7 +20,7 @@ from pyiceberg.table.snapshots import Operation
 
 from compaction_assets import faults
 from compaction_assets.commit.ledger import Status
-from compaction_assets.commit.manifest_rewrite import MANIFESTS_REPLACED
+from compaction_assets.commit.manifest_rewrite import MANIFESTS_REPLACED, ManifestRewriteReport
 from compaction_assets.config import load_config
 from compaction_assets.defs.build import build_definitions
 from compaction_assets.defs.gc_assets import gc_key
@@ -63,6 +63,15 @@ def manifests(table: Table, content: ManifestContent | None = None) -> list:
     table.refresh()
     found = table.current_snapshot().manifests(table.io)
     return [m for m in found if content is None or m.content == content]
+
+
+def rewrite_while(lake: Lake, other_commit: Callable[[], None]) -> ManifestRewriteReport:
+    """Rewrite ns.t's manifests; `other_commit` lands once its manifests are written and prepared."""
+    faults.arm("after_prepare", other_commit)
+    try:
+        return lake.engine.rewrite_manifests("ns.t")
+    finally:
+        faults.disarm()
 
 
 def entries(table: Table) -> list[dict]:
@@ -154,11 +163,7 @@ def test_an_append_during_the_rewrite_is_kept(lake: Lake):
         other = lake.catalog.load_table("ns.t")
         other.append(late)
 
-    faults.arm("after_prepare", append_meanwhile)
-    try:
-        report = lake.engine.rewrite_manifests("ns.t")
-    finally:
-        faults.disarm()
+    report = rewrite_while(lake, append_meanwhile)
 
     assert report.status == "committed", report.reason
     expected.update(row_key(r) for r in late.to_pylist())
@@ -176,11 +181,7 @@ def test_a_concurrent_commit_that_rewrote_a_manifest_makes_it_plan_again(lake: L
     def delete_meanwhile() -> None:
         lake.catalog.load_table("ns.t").delete(EqualTo("id", 5))
 
-    faults.arm("after_prepare", delete_meanwhile)
-    try:
-        report = lake.engine.rewrite_manifests("ns.t")
-    finally:
-        faults.disarm()
+    report = rewrite_while(lake, delete_meanwhile)
 
     assert report.status == "committed", report.reason
     first, second = sorted(lake.engine.ledger.attempts(table_name="ns.t"), key=lambda a: a.created_at)

@@ -34,7 +34,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pyiceberg.exceptions import CommitFailedException, ValidationException
 from pyiceberg.io import FileIO
@@ -95,7 +95,6 @@ class ManifestRewriteReport:
     task_id: str = ""
     attempt_id: str = ""
     seconds: float = 0.0
-    plans: list[ManifestPlan] = field(default_factory=list, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -119,15 +118,13 @@ def rewrite_manifests(
     started = time.monotonic()
     task_id = task_id or f"manifests-{uuid.uuid4().hex[:12]}"
     reasons: list[str] = []
-    plans: list[ManifestPlan] = []
     for _ in range(MAX_PLANS):
         table.refresh()
         snapshot = table.current_snapshot()
         manifests = snapshot.manifests(table.io) if snapshot is not None else []
         plan = plan_manifests(manifests, policy, refusal(table))
-        plans.append(plan)
         report = ManifestRewriteReport(
-            table_name, "skipped", plan.reason, len(manifests), len(manifests), task_id=task_id, plans=plans
+            table_name, "skipped", plan.reason, len(manifests), len(manifests), task_id=task_id
         )
         if plan.due and dry_run:
             report.status = "dry_run"

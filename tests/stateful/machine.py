@@ -64,6 +64,7 @@ from compaction_assets.demo import append_fragments
 from compaction_assets.engine import Engine
 from compaction_assets.errors import CompactionError
 from compaction_assets.lake.files import live_files
+from compaction_assets.lake.manifest_cache import live_entries
 from compaction_assets.local_s3 import LocalS3
 from tests.conftest import write_config
 from tests.lakekit.deletes import commit_delete_files, equality_delete_file, position_delete_file, read_column
@@ -136,6 +137,7 @@ MOR_TUNINGS: dict[str, dict[str, str]] = {
     },
     "configured": {},
 }
+MANIFEST_RACES = [None, "append", "position_delete"]  # another engine's commit during our manifest rewrite
 RACE_AT = ["after_prepare", "in_commit"]  # before our commit's first try / between its check and CAS
 
 
@@ -198,7 +200,11 @@ class TableHistory(RuleBasedStateMachine):
                 {
                     "match": "*",
                     "queue": "default",
-                    "policy": {"target_file_size_bytes": 64 * 1024, "min_input_files": 2},
+                    "policy": {
+                        "target_file_size_bytes": 64 * 1024,
+                        "min_input_files": 2,
+                        "rewrite_manifests_min_count": 2,  # every few appends make the rewrite due
+                    },
                 }
             ],
             gc={"max_snapshot_age_hours": 0, "min_snapshots_to_keep": 1, "orphan_grace_hours": 0},
@@ -519,6 +525,43 @@ class TableHistory(RuleBasedStateMachine):
             elif tuned := {k for p in MOR_TUNINGS.values() for k in p} & set(table.properties):
                 txn.remove_properties(*tuned)
 
+    @rule(
+        race=st.sampled_from(MANIFEST_RACES),
+        crash=st.sampled_from([None, "after_prepare", "after_iceberg_commit"]),
+        pick=st.integers(0, 1000),
+    )
+    def rewrite_manifests(self, race: str | None, crash: str | None, pick: int) -> None:
+        """Our manifest rewrite: alone (every live file keeps its sequence numbers and snapshot id),
+        while another engine commits at its prepare (an append, a position delete: their manifests
+        are kept), or crashing before or after its Iceberg commit (recovery settles it)."""
+        if not self._count("rewrite_manifests"):
+            return
+        before = _live_entries(self.table())
+
+        def action() -> None:
+            other = self.table()
+            if race == "append":
+                self._append(other, REGIONS[pick % len(REGIONS)], 1, 1)
+            elif race == "position_delete" and (files := self._live_data_files(other)):
+                self._position_delete(other, files[pick % len(files)], pick)
+            FIGURES.races[f"{race}@rewrite_manifests"] += 1
+
+        if crash:
+            faults.arm(crash)
+        elif race:
+            faults.arm("after_prepare", action)
+        try:
+            report = self.engine.rewrite_manifests(TABLE)
+        except faults.InjectedCrash:
+            FIGURES.crashes[f"{crash}@rewrite_manifests"] += 1
+            self.pending_recovery = True
+            return
+        finally:
+            faults.disarm()
+        FIGURES.outcomes[f"rewrite-manifests {report.status}"] += 1
+        if report.status == "committed" and not race:
+            assert _live_entries(self.table()) == before
+
     @rule()
     def expire_snapshots_by_another_engine(self) -> None:
         if not self._count("expire"):
@@ -636,6 +679,17 @@ class TableHistory(RuleBasedStateMachine):
             shutil.rmtree(self.dir, ignore_errors=True)
             if self.s3 is not None and self.prefix:  # the server keeps objects in memory
                 _delete_prefix(self.s3, self.prefix)
+
+
+def _live_entries(table: Table) -> dict[str, tuple[int | None, int | None, int | None]]:
+    """Live file path -> (data sequence number, file sequence number, snapshot id), as readers see them."""
+    snapshot = table.current_snapshot()
+    manifests = snapshot.manifests(table.io) if snapshot is not None else []
+    return {
+        e.data_file.file_path: (e.sequence_number, e.file_sequence_number, e.snapshot_id)
+        for m in manifests
+        for e in live_entries(m, table.io)
+    }
 
 
 def _typed_values(n: int) -> dict[int, Any]:
