@@ -21,14 +21,16 @@ from pyiceberg.table.snapshots import Operation
 from compaction_assets import faults
 from compaction_assets.commit.ledger import Status
 from compaction_assets.commit.manifest_rewrite import MANIFESTS_REPLACED, ManifestRewriteReport
-from compaction_assets.config import load_config
+from compaction_assets.config import PolicyConfig, load_config
 from compaction_assets.defs.build import build_definitions
 from compaction_assets.defs.gc_assets import gc_key
 from compaction_assets.defs.naming import table_key
 from compaction_assets.defs.resources import CompactionResource
+from compaction_assets.errors import ConfigError
 from compaction_assets.lake.delete_files import commit_delete_files, equality_delete_file, position_delete_file
 from compaction_assets.lake.manifest_cache import live_entries
 from compaction_assets.planning.planner import Kind
+from compaction_assets.planning.policy import resolve_policy
 from tests.conftest import BY_REGION, SCHEMA, Lake, batch, make_lake
 from tests.lakekit.duckdb_reader import duckdb_rows
 from tests.lakekit.files import data_of, rows
@@ -307,3 +309,18 @@ def test_the_sensor_requests_it_and_the_run_materialises_the_tables_maintenance_
         assert int(meta["snapshot_id"]) == lake.table("ns.t").current_snapshot().snapshot_id
         assert "ns.t" not in {r.tags["compaction/table"] for r in tick()}  # not due any more
     assert rows(spec_rows, lake.table("ns.t")) == expected
+
+
+def test_policy_keys_come_from_the_table_then_the_file_and_are_validated():
+    configured = PolicyConfig(rewrite_manifests_min_count=50)
+    assert resolve_policy("ns.t", PolicyConfig(), {}).rewrite_manifests_min_count == 100
+    assert resolve_policy("ns.t", PolicyConfig(), {}).manifest_target_size_bytes == 8 * 1024 * 1024
+    assert resolve_policy("ns.t", configured, {}).rewrite_manifests_min_count == 50
+    tuned = resolve_policy(
+        "ns.t", configured, {"compaction.rewrite-manifests.min-count": "7", "commit.manifest.target-size-bytes": "1024"}
+    )
+    assert (tuned.rewrite_manifests_min_count, tuned.manifest_target_size_bytes) == (7, 1024)
+    with pytest.raises(ConfigError, match="rewrite_manifests_min_count must be at least 2"):
+        resolve_policy("ns.t", PolicyConfig(), {"compaction.rewrite-manifests.min-count": "1"})
+    with pytest.raises(ConfigError, match="commit.manifest.target-size-bytes='8M' is invalid"):
+        resolve_policy("ns.t", PolicyConfig(), {"commit.manifest.target-size-bytes": "8M"})

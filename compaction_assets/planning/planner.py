@@ -37,6 +37,10 @@ files removed per MiB read (data files: inputs - expected outputs; delete files 
 to nothing any more) + READS_SAVED_WEIGHT (10) x the drop in read amplification the plan brings.
 So a partition whose readers decode three rows per live row (half its rows deleted) outranks one
 whose rewrite merges a few 1 MiB files.
+
+Table-level: the manifest rewrite (kind rewrite-manifests) is planned from the manifest list, not
+per partition, with its own benefit, 0.1 x manifests removed per MiB of manifests read (planning/
+manifests.py); the sensor requests it only for a table none of whose partitions is due.
 """
 
 from __future__ import annotations
