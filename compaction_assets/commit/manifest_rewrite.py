@@ -43,6 +43,7 @@ from pyiceberg.table import Table, Transaction
 from pyiceberg.table.snapshots import Operation, Snapshot, Summary
 from pyiceberg.table.update.snapshot import _SnapshotProducer  # pyiceberg 0.12 private: no public producer
 from pyiceberg.typedef import EMPTY_DICT
+from pyiceberg.utils.concurrent import ExecutorFactory
 
 from compaction_assets.commit.heartbeat import Heartbeat
 from compaction_assets.commit.ledger import Attempt, Ledger
@@ -157,7 +158,8 @@ def _run(
     """One attempt: write, prepare, commit; fills `report` (status backed_off: plan again)."""
     chosen = set(plan.paths)
     sources = [m for m in manifests if m.manifest_path in chosen]
-    contents = {m.manifest_path: manifest_contents(m, table.io) for m in sources}
+    read = ExecutorFactory.get_or_create().map(lambda m: manifest_contents(m, table.io), sources)  # one request each
+    contents = {m.manifest_path: found for m, found in zip(sources, read, strict=True)}
     replaced = [m for m in sources if contents[m.manifest_path].restatable]
     if len(replaced) < 2:
         report.reason = (

@@ -528,14 +528,18 @@ class TableHistory(RuleBasedStateMachine):
     @rule(
         race=st.sampled_from(MANIFEST_RACES),
         crash=st.sampled_from([None, "after_prepare", "after_iceberg_commit"]),
+        region=st.sampled_from(REGIONS),
         pick=st.integers(0, 1000),
     )
-    def rewrite_manifests(self, race: str | None, crash: str | None, pick: int) -> None:
-        """Our manifest rewrite: alone (every live file keeps its sequence numbers and snapshot id),
-        while another engine commits at its prepare (an append, a position delete: their manifests
-        are kept), or crashing before or after its Iceberg commit (recovery settles it)."""
+    def rewrite_manifests(self, race: str | None, crash: str | None, region: str | None, pick: int) -> None:
+        """Two more appends first (two more small manifests: the rewrite is due). Then our manifest
+        rewrite: alone (every live file keeps its sequence numbers and snapshot id), while another
+        engine commits at its prepare (an append, a position delete: their manifests are kept), or
+        crashing before or after its Iceberg commit (recovery settles it)."""
         if not self._count("rewrite_manifests"):
             return
+        for _ in range(2):
+            self._append(self.table(), region, 1, 1)
         before = _live_entries(self.table())
 
         def action() -> None:
