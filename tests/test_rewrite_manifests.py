@@ -324,3 +324,18 @@ def test_policy_keys_come_from_the_table_then_the_file_and_are_validated():
         resolve_policy("ns.t", PolicyConfig(), {"compaction.rewrite-manifests.min-count": "1"})
     with pytest.raises(ConfigError, match="commit.manifest.target-size-bytes='8M' is invalid"):
         resolve_policy("ns.t", PolicyConfig(), {"commit.manifest.target-size-bytes": "8M"})
+
+
+def test_a_format_version_1_table_is_left_as_it_is(lake: Lake):
+    """Its manifests have no sequence numbers in the layout this rewrite copies: not rewritten."""
+    props = {"format-version": "1", "compaction.rewrite-manifests.min-count": "3"}
+    table = lake.catalog.create_table("ns.v1", schema=SCHEMA, partition_spec=BY_REGION, properties=props)
+    for i in range(4):
+        table.append(batch(i * ROWS, ROWS, "a"))
+    snapshot = lake.table("ns.v1").current_snapshot().snapshot_id
+
+    report = lake.engine.rewrite_manifests("ns.v1")
+
+    assert report.status == "skipped" and "format-version-2 entry layout" in report.reason, report
+    assert lake.table("ns.v1").current_snapshot().snapshot_id == snapshot
+    assert lake.engine.ledger.attempts(table_name="ns.v1") == []
