@@ -137,3 +137,11 @@ def test_full_clock_next_due_is_the_earliest_future_due_time():
     clock = FullClock(NOW, {"a": NOW - HOUR, "b": NOW - 1000, "c": NOW - 2000})
     assert clock.next_due_ms(["a", "b", "c", "d"], HOUR) == NOW - 2000 + HOUR
     assert clock.next_due_ms(["a", "d"], HOUR) is None
+
+
+def test_a_file_of_fewer_rows_than_outputs_splits_into_at_most_a_row_each():
+    [wide] = [F("s3://b/t/p=1/wide.parquet", 3200 * KB, 2)]
+    plan = plan_partition("p=1", [wide], POLICY, 0)
+    assert plan.kind == Kind.SPLIT and [g.expected_outputs for g in plan.groups] == [2]
+    single = plan_partition("p=1", [F("s3://b/t/p=1/one.parquet", 3200 * KB, 1)], POLICY, 0)
+    assert single.kind is None and "too little column data or rows to split" in single.reason

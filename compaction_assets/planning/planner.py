@@ -455,12 +455,14 @@ def _plan_split(
     )
     if not oversized:
         return ""
-    groups = tuple(
-        FileGroup((f.path,), f.size, f.data_bytes, f.record_count, _split_outputs(f.data_bytes, policy))
+    groups = tuple(  # a file of fewer rows than outputs (large values) splits into at most a row each
+        FileGroup(
+            (f.path,), f.size, f.data_bytes, f.record_count, min(_split_outputs(f.data_bytes, policy), f.record_count)
+        )
         for f in oversized
     )
     if not any(g.expected_outputs > 1 for g in groups):
-        return f"{len(oversized)} file(s) > max-file-size-bytes={limit} hold too little column data to split"
+        return f"{len(oversized)} file(s) > max-file-size-bytes={limit} hold too little column data or rows to split"
     groups = tuple(g for g in groups if g.expected_outputs > 1)
     added = sum(g.expected_outputs - 1 for g in groups)
     why = (
