@@ -423,15 +423,7 @@ def _plan_full(
     why = f"{Kind.FULL}: due ({why}): all {len(data)} data file(s) rewritten in {len(groups)} group(s)"
     if with_deletes:
         why += f"; {with_deletes} file(s) get their deletes applied"
-    removed = [d for d in deletes.distinct(f.path for f in data) if deletes.by_delete[d.path] <= {f.path for f in data}]
-    removed_rows = sum(d.record_count for d in removed)
-    after = read_amplification(stats.records - removed_rows, stats.deleted_rows - removed_rows)
-    plan = _benefit(
-        PartitionPlan(stats, Kind.FULL, groups, reason=why),
-        files_removed + len(removed),
-        sum(g.bytes for g in groups),
-        stats.read_amplification - after,
-    )
+    plan = _rewrite_benefit(PartitionPlan(stats, Kind.FULL, groups, reason=why), deletes)
     return replace(plan, benefit=FULL_WEIGHT * plan.benefit)
 
 
@@ -537,13 +529,20 @@ def _plan_rewrite(
     groups = tuple(_to_group(b, policy) for b in bins)
     if deletes.by_data and (applied := sum(p in deletes.by_data for g in groups for p in g.paths)):
         why += f"; {applied} file(s) get their deletes applied"
-    plan = PartitionPlan(stats, kind, groups, reason=f"{kind}: {why}")
-    rewritten = {p for g in groups for p in g.paths}
+    return _rewrite_benefit(PartitionPlan(stats, kind, groups, reason=f"{kind}: {why}"), deletes)
+
+
+def _rewrite_benefit(plan: PartitionPlan, deletes: DeleteMap) -> PartitionPlan:
+    """A data rewrite with its benefit (_benefit): data files removed (inputs - expected outputs) and
+    delete files that will apply to nothing any more, per MiB its groups read; reads saved as its
+    applied deletes lower the partition's read amplification."""
+    stats = plan.stats
+    rewritten = set(plan.source_paths)
     removed = [d for d in deletes.distinct(rewritten) if deletes.by_delete[d.path] <= rewritten]
     removed_rows = sum(d.record_count for d in removed)
     after = read_amplification(stats.records - removed_rows, stats.deleted_rows - removed_rows)
-    files_removed = sum(len(g.paths) - g.expected_outputs for g in groups) + len(removed)
-    return _benefit(plan, files_removed, sum(g.bytes for g in groups), stats.read_amplification - after)
+    files_removed = sum(len(g.paths) - g.expected_outputs for g in plan.groups) + len(removed)
+    return _benefit(plan, files_removed, plan.input_bytes, stats.read_amplification - after)
 
 
 def _plan_equality_conversion(
