@@ -142,7 +142,12 @@ def plan(ctx: click.Context, table: str, as_json: bool) -> None:
         f"min_input_files {policy.min_input_files}; delete triggers: >= {policy.delete_file_threshold} delete "
         f"files on a file, deleted-row ratio >= {policy.delete_ratio_threshold}; tiers: >= "
         f"{policy.equality_delete_file_threshold} equality-delete files, >= "
-        f"{policy.position_delete_file_threshold} small position-delete files"
+        f"{policy.position_delete_file_threshold} small position-delete files; split > {policy.split_above_bytes} B; "
+        + (
+            f"full every {policy.full_trigger_interval_ms} ms"
+            if policy.full_trigger_interval_ms is not None
+            else "full optimizing off"
+        )
     )
     if tplan.refused:
         click.echo(f"not compacted: {tplan.refused}")

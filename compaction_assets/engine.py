@@ -40,7 +40,7 @@ from compaction_assets.lake.features import refusal
 from compaction_assets.lake.files import LiveFile, live_files
 from compaction_assets.maintenance.gc import GcPolicy, GcReport, collect_garbage
 from compaction_assets.planning.manifests import ManifestPlan, plan_manifests
-from compaction_assets.planning.planner import DeleteMap, FileGroup, Kind, PartitionPlan, plan_table
+from compaction_assets.planning.planner import DeleteMap, FileGroup, FullClock, Kind, PartitionPlan, plan_table
 from compaction_assets.planning.policy import ENABLED_PROPERTY, Policy, resolve_policy
 
 log = logging.getLogger("compaction_assets")
@@ -57,6 +57,9 @@ class TablePlan:
     refused: str = ""  # why the whole table is not compacted (e.g. format-version 3), or ""
     deletes: DeleteMap = field(default_factory=DeleteMap)  # which delete files apply to which data files
     manifests: ManifestPlan | None = None  # the table-level manifest rewrite (None: no snapshot yet)
+    # full optimizing: when a partition fully rewritten before comes due again (epoch ms), or None;
+    # the table must be planned again then even if it did not change (the sensor does)
+    replan_at_ms: int | None = None
 
     @property
     def to_compact(self) -> list[PartitionPlan]:
@@ -263,7 +266,8 @@ class Engine:
         deletes = DeleteMap.of(files, global_spec_ids(table.metadata.specs().values()))
         in_flight = self.ledger.in_flight_sources(table_name)
         refused = refusal(table)
-        plans = plan_table(files, policy, table.spec().spec_id, in_flight, deletes, refused)
+        clock = self._full_clock(table_name, policy)
+        plans = plan_table(files, policy, table.spec().spec_id, in_flight, deletes, refused, clock)
         top_level = {f.field_id for f in table.schema().fields}
         plans = [_unappliable(p, deletes, top_level) for p in plans]
         if partition is not None:
@@ -279,10 +283,28 @@ class Engine:
             plans = [p for p in plans if p.partition_key in wanted]
         snapshot = table.current_snapshot()
         manifests = plan_manifests(snapshot.manifests(table.io), policy, refused) if snapshot else None
+        replan_at = None
+        if policy.full_trigger_interval_ms is not None:
+            replan_at = clock.next_due_ms((p.partition_key for p in plans), policy.full_trigger_interval_ms)
         tplan = TablePlan(
-            table_name, snapshot.snapshot_id if snapshot else None, policy, plans, refused, deletes, manifests
+            table_name,
+            snapshot.snapshot_id if snapshot else None,
+            policy,
+            plans,
+            refused,
+            deletes,
+            manifests,
+            replan_at,
         )
         return tplan, {f.path: f for f in files}
+
+    def _full_clock(self, table_name: str, policy: Policy) -> FullClock:
+        """Now, and when each partition last had a full rewrite committed (read only when full optimizing is on)."""
+        now_ms = int(time.time() * 1000)
+        if policy.full_trigger_interval_ms is None:
+            return FullClock(now_ms)
+        committed = self.ledger.last_committed(table_name, str(Kind.FULL))
+        return FullClock(now_ms, {k: int(at.timestamp() * 1000) for k, at in committed.items()})
 
     def _begin(
         self,
@@ -419,7 +441,8 @@ class Engine:
         """Fill `work` with an attempt per partition as each is begun, and return the job."""
         data_path = load_location_provider(table.location(), table.properties).data_path
         groups: list[GroupSpec] = []
-        sort_columns = _sort_columns(table) if any(p.kind == Kind.MAJOR for p in todo) else []
+        sorted_kinds = (Kind.MAJOR, Kind.FULL)  # in the table's sort order (a job of neither keeps row order)
+        sort_columns = _sort_columns(table) if any(p.kind in sorted_kinds for p in todo) else []
         for plan in todo:
             out_dir = f"{data_path}/{plan.partition_key}" if plan.partition_key else data_path
             attempt = self._begin_attempt(
@@ -447,8 +470,9 @@ class Engine:
                         output_dir=out_dir,
                         file_prefix=attempt.attempt_id,
                         max_files=group.expected_outputs,
-                        # the Polars path does not apply deletes
+                        # the Polars path applies no deletes, and writes a source file into one output
                         polars=not delete_specs
+                        and plan.kind != Kind.SPLIT
                         and polars_rewrite.qualifies(table.metadata, table.io, sources, bool(sort_columns)),
                         deletes=delete_specs,
                     )

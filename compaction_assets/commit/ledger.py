@@ -334,6 +334,21 @@ class Ledger:
         """Source files of the table's open attempts: the planner must not schedule them again."""
         return {p for a in self.attempts(statuses=OPEN, table_name=table_name) for p in a.source_files}
 
+    def last_committed(self, table_name: str, kind: str) -> dict[str, dt.datetime]:
+        """When each partition of the table (by key) last had an attempt of `kind` committed."""
+        query = (
+            select(AttemptRow.partition_key, func.max(AttemptRow.finished_at))
+            .where(
+                AttemptRow.table_name == table_name,
+                AttemptRow.kind == kind,
+                AttemptRow.status == str(Status.COMMITTED),
+            )
+            .group_by(AttemptRow.partition_key)
+        )
+        with Session(self._engine) as session:
+            rows = session.execute(query).all()
+        return {key: at if at.tzinfo else at.replace(tzinfo=dt.UTC) for key, at in rows if at is not None}
+
     def open_claims(self, table_name: str) -> Claims:
         """The files the table's open attempts own (sources, results, and names they write under)."""
         attempts = self.attempts(statuses=OPEN, table_name=table_name)

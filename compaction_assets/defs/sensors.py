@@ -5,6 +5,7 @@ import datetime as dt
 import hashlib
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -97,6 +98,8 @@ class FragmentationCursor:
     versions: dict[str, str | None] = field(default_factory=dict)  # table -> metadata location
     config: str = ""  # fingerprint of the compaction.yaml last planned with
     benefits: dict[str, float] = field(default_factory=dict)  # "table|partition" (waiting) -> plan benefit
+    # table -> epoch seconds when it must be planned again though unchanged (a full rewrite comes due)
+    replan_at: dict[str, float] = field(default_factory=dict)
 
     @staticmethod
     def parse(raw: str | None) -> "FragmentationCursor":
@@ -177,6 +180,7 @@ def evaluate_fragmentation(
             continue  # dropped: the reload above removes its asset
         waiting = waiting_of.get(name, [])
         replayable = all(k in cursor.benefits for k in waiting)  # each waiting partition's planned benefit is kept
+        replayable = replayable and now < cursor.replan_at.get(name, math.inf)  # no full rewrite came due
 
         known = locations is not None and name in cursor.versions
         if known and cursor.versions[name] == locations.get(name) and replayable:
@@ -248,6 +252,10 @@ def evaluate_fragmentation(
             candidates.append(Candidate(name, key, rule.queue, rule.priority, plan.benefit, since, snapshot_id))
         cursor.snapshots[name] = snapshot_id
         cursor.versions[name] = table.metadata_location
+        if tplan.replan_at_ms is not None:
+            cursor.replan_at[name] = tplan.replan_at_ms / 1000
+        else:
+            cursor.replan_at.pop(name, None)
     if candidates and (down := _spark_down(config)):
         summary = (
             f"evaluated {len(tables)} table(s): {len(candidates)} partition(s) worth compacting wait, none "

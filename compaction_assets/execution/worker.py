@@ -38,6 +38,8 @@ from compaction_assets.lake.datafile_codec import datafile_from_json, datafile_t
 
 MiB = 1024 * 1024
 MAX_BUFFER_BYTES = 32 * MiB  # Arrow bytes buffered before a row group is written
+MIN_BUFFER_BYTES = 64 * 1024  # ... and at least these (tiny targets: tests, demos)
+ROW_GROUPS_PER_TARGET = 4  # a file rolls after a row group: a quarter of the target in Arrow bytes keeps it near
 RESULT_SCHEMA = (
     "group INT, data_files STRING, error STRING, rows_read BIGINT, bytes_read BIGINT, peak_rss BIGINT, engine STRING, "
     "rows_deleted BIGINT, seconds DOUBLE"
@@ -312,7 +314,7 @@ class RollingWriter:
         self._partition = partition
         self._spec = spec
         self._target = target_bytes
-        self._buffer_limit = min(MAX_BUFFER_BYTES, max(MiB, target_bytes))
+        self._buffer_limit = min(MAX_BUFFER_BYTES, max(MIN_BUFFER_BYTES, target_bytes // ROW_GROUPS_PER_TARGET))
         self.name = f"{spec.output_dir.rstrip('/')}/{spec.file_prefix}-{index:05d}"
         self._buffer: list[pa.RecordBatch] = []
         self._arrow_schema: pa.Schema | None = None
@@ -342,10 +344,15 @@ class RollingWriter:
             self._arrow_schema = converted.schema
         elif converted.schema != self._arrow_schema:
             converted = converted.cast(self._arrow_schema)
-        self._buffer.append(converted)
-        self._buffered += converted.nbytes
-        if self._buffered >= self._buffer_limit:
-            self._flush()
+        # a batch larger than a row group (a whole source file's, say) is written in slices, so
+        # files roll near the target (a split writes one oversized file into several)
+        rows = max(1, -(-converted.num_rows * self._buffer_limit // max(converted.nbytes, 1)))
+        for start in range(0, converted.num_rows, rows):
+            piece = converted.slice(start, rows)
+            self._buffer.append(piece)
+            self._buffered += piece.nbytes
+            if self._buffered >= self._buffer_limit:
+                self._flush()
 
     def close(self) -> list[DataFile]:
         self._flush()
@@ -367,9 +374,15 @@ class RollingWriter:
             self._output = _TrackedOutput(self._io.new_output(path))
             self._writer = self._format.create_writer(self._output, self.file_schema, self._metadata.properties)
         table = pa.Table.from_batches(self._buffer)
+        stream = self._output.stream
+        before = stream.tell() if stream is not None else 0
         self._writer.write(table)
         self._buffer, self._buffered = [], 0
-        full = self._output.stream is not None and self._output.stream.tell() >= self._target
+        stream = self._output.stream
+        # full when one more row group like this one would overshoot the target by more than
+        # stopping here falls short of it: files land within half a row group of the target
+        written = stream.tell() if stream is not None else 0
+        full = stream is not None and written + (written - before) / 2 >= self._target
         if full and len(self._written) + 1 < self._spec.max_files:
             self._finish_file()
 

@@ -11,6 +11,14 @@ Merge-on-read. Which live delete files apply to which data file is the spec's ex
 (lake.deletes.ApplyingDeletes, in `DeleteMap`); a rewrite applies them (the worker does) and
 writes only live rows. Per partition the planner measures the delete load (`PartitionStats`) and
 picks, first match wins:
+0. full optimizing (kind full, Amoro's full trigger interval), when `full_trigger_interval_ms`
+   is set and the partition is due: it was never fully rewritten, or its last full rewrite
+   (`FullClock`: the engine reads it from the ledger, the planner does no I/O) is at least that
+   long ago. Every data file of the partition (current spec; none in flight, else it waits) is
+   rewritten, deletes applied, in groups of at most max_group_bytes (the engine sorts them by the
+   table's sort order, as major). A partition already optimal is left alone, with the reason:
+   no delete applies and the rewrite would not lower its file count (a single file, or files
+   of about the target size already);
 1. a data rewrite (kind major) when a delete trigger fires: a candidate file with at least
    `delete_file_threshold` applying delete files is rewritten; when the partition's deleted-row
    ratio reaches `delete_ratio_threshold`, every candidate file with an applying delete is. They
@@ -19,6 +27,11 @@ picks, first match wins:
    packs with it (it shrinks; its deletes go);
 2. a data rewrite by file size (minor, else major as above); fragments with deletes get them
    applied;
+2b. split (Iceberg's max-file-size-bytes): each data file larger than `split_above_bytes` is a
+   group of its own, written into `_split_outputs` target-size files (Iceberg's rule: the
+   remainder is a file of its own when it is not undersized, else spread over the others while
+   they stay within 1.1 x target). Only when no data rewrite above is due: the fragments go
+   first, the split comes on a later run;
 3. `convert-equality-deletes` when at least `equality_delete_file_threshold` equality-delete files
    of the partition alone (below) apply, and reading the key columns of the data files they apply to
    costs less than 1/4 of those files' bytes (what a rewrite would read);
@@ -36,7 +49,11 @@ Benefit (plans are ranked by it; the sensor maps it onto run priority, planning/
 files removed per MiB read (data files: inputs - expected outputs; delete files that will apply
 to nothing any more) + READS_SAVED_WEIGHT (10) x the drop in read amplification the plan brings.
 So a partition whose readers decode three rows per live row (half its rows deleted) outranks one
-whose rewrite merges a few 1 MiB files.
+whose rewrite merges a few 1 MiB files. Full: FULL_WEIGHT (0.5) x that formula (its files removed
+and reads saved, per MiB of the whole partition read): hygiene, so it ranks below a
+fragmentation-driven plan of the same size, and reading the partition's large files too lowers it
+further. Split: SPLIT_WEIGHT (0.1) x files added per MiB read (reads parallelise over more files):
+a 4 x target file at 128 MiB gives 0.0006, below any plan that removes files.
 
 Table-level: the manifest rewrite (kind rewrite-manifests) is planned from the manifest list, not
 per partition, with its own benefit, 0.1 x manifests removed per MiB of manifests read (planning/
@@ -60,6 +77,9 @@ from compaction_assets.planning.policy import MiB, Policy
 # (read amplification 2.0, brought to 1.0) ranks like one whose rewrite removes 10 files per MiB.
 READS_SAVED_WEIGHT = 10.0
 CONVERSION_MAX_COST_SHARE = 0.25  # an equality-delete conversion must read < 1/4 of a rewrite's bytes
+FULL_WEIGHT = 0.5  # a full rewrite's benefit, relative to a fragmentation-driven plan's (hygiene)
+SPLIT_WEIGHT = 0.1  # a split's benefit per file added, relative to a file removed
+SPLIT_SPREAD_MAX = 1.1  # a split's remainder is spread over the other outputs while they stay within 1.1 x target
 
 
 class Kind(StrEnum):
@@ -240,6 +260,30 @@ class PartitionPlan:
         return [p for g in self.groups for p in g.paths]
 
 
+@dataclass(frozen=True)
+class FullClock:
+    """What full optimizing needs to know besides file statistics: now, and when each partition
+    (by key) last had a full rewrite committed (epoch ms; the engine reads it from the ledger)."""
+
+    now_ms: int
+    last_full_ms: Mapping[str, int] = field(default_factory=dict)
+
+    def due(self, partition_key: str, interval_ms: int) -> tuple[bool, str]:
+        """Whether the partition is due for a full rewrite, and why (or when it will be)."""
+        last = self.last_full_ms.get(partition_key)
+        if last is None:
+            return True, "never fully rewritten"
+        age = self.now_ms - last
+        if age >= interval_ms:
+            return True, f"last full rewrite {age / 1000:.0f}s ago >= full.trigger-interval-ms={interval_ms}"
+        return False, f"full: next due in {(interval_ms - age) / 1000:.0f}s (full.trigger-interval-ms={interval_ms})"
+
+    def next_due_ms(self, partition_keys: Iterable[str], interval_ms: int) -> int | None:
+        """The earliest time one of these partitions, fully rewritten before, comes due again (after now)."""
+        due = [last + interval_ms for k in partition_keys if (last := self.last_full_ms.get(k)) is not None]
+        return min((t for t in due if t > self.now_ms), default=None)
+
+
 @dataclass
 class _Bin:
     capacity: int
@@ -285,12 +329,14 @@ def plan_partition(
     in_flight: Collection[str] = (),
     deletes: DeleteMap | None = None,
     refused: str = "",
+    clock: FullClock | None = None,
 ) -> PartitionPlan:
     """Decide a data rewrite, a cheaper tier or nothing for one partition (see the module doc).
 
     `deletes`: which delete files apply to which data files, for the whole table (global deletes
     live in another partition); None: computed from `files` alone. A non-empty `refused` is why
-    the table is not compacted at all: the plan is nothing, with that reason."""
+    the table is not compacted at all: the plan is nothing, with that reason. `clock`: when the
+    partition was last fully rewritten; None: full optimizing is not considered."""
     deletes = deletes if deletes is not None else DeleteMap.of(files)
     stats = partition_stats(partition_key, files, policy, deletes)
     if refused:
@@ -299,15 +345,24 @@ def plan_partition(
     if not policy.enabled:
         paused = "compaction is paused for this table (compaction.enabled=false)"
         return PartitionPlan(stats, None, reason=f"{paused}; {load}")
+    full = _plan_full(stats, files, policy, current_spec_id, in_flight, deletes, clock)
+    if isinstance(full, PartitionPlan):
+        return replace(full, reason=f"{full.reason}; {load}")
+    notes = [full] if full else []
     rewrite = _plan_rewrite(stats, files, policy, current_spec_id, in_flight, deletes)
     if isinstance(rewrite, PartitionPlan):
-        return replace(rewrite, reason=f"{rewrite.reason}; {load}")
+        return replace(rewrite, reason="; ".join([rewrite.reason, *notes, load]))
+    notes.insert(0, rewrite)
+    split = _plan_split(stats, files, policy, current_spec_id, in_flight, deletes)
+    if isinstance(split, PartitionPlan):
+        return replace(split, reason="; ".join([split.reason, *notes, load]))
+    notes += [split] if split else []
     for tier in (_plan_equality_conversion, _plan_position_rewrite):
         plan = tier(stats, files, policy, in_flight, deletes)
         if isinstance(plan, PartitionPlan):
             return replace(plan, reason=f"{plan.reason}; {load}")
-        rewrite = f"{rewrite}; {plan}" if plan else rewrite
-    return PartitionPlan(stats, None, reason=f"{rewrite}; {load}")
+        notes += [plan] if plan else []
+    return PartitionPlan(stats, None, reason="; ".join([*notes, load]))
 
 
 def plan_table(
@@ -317,9 +372,11 @@ def plan_table(
     in_flight: Collection[str] = (),
     deletes: DeleteMap | None = None,
     refused: str = "",
+    clock: FullClock | None = None,
 ) -> list[PartitionPlan]:
     """Plan every partition (files grouped by partition id); best benefit first, then partition key.
     `deletes`: DeleteMap.of(files) when None (the engine passes the one it also builds jobs from).
+    `clock`: see plan_partition (the engine always passes one).
 
     Raises:
         ValueError: two partitions share a key (keys must be injective: the CLI, the ledger and
@@ -334,10 +391,99 @@ def plan_table(
     if clashes := sorted(k for k, n in keys.items() if n > 1):
         raise ValueError(f"partition key {clashes[0]!r} names {keys[clashes[0]]} different partitions")
     plans = [
-        plan_partition(v[0].partition_key, v, policy, current_spec_id, in_flight, deletes, refused)
+        plan_partition(v[0].partition_key, v, policy, current_spec_id, in_flight, deletes, refused, clock)
         for v in by_partition.values()
     ]
     return sorted(plans, key=lambda p: (-p.benefit, p.partition_key))
+
+
+def _plan_full(
+    stats: PartitionStats,
+    files: Sequence[FileStat],
+    policy: Policy,
+    current_spec_id: int,
+    in_flight: Collection[str],
+    deletes: DeleteMap,
+    clock: FullClock | None,
+) -> PartitionPlan | str:
+    """Full optimizing, or why not ("" when it is off or does not concern the partition)."""
+    interval = policy.full_trigger_interval_ms
+    data = [f for f in files if not f.is_delete]
+    if interval is None or clock is None or not data or data[0].spec_id != current_spec_id:
+        return ""  # files of an older spec are another partition's (the old-spec tier's)
+    due, why = clock.due(stats.partition_key, interval)
+    if not due:
+        return why
+    if busy := [f for f in data if f.path in in_flight]:
+        return f"full: due ({why}) but {len(busy)} file(s) are held by a running attempt: waits"
+    groups = tuple(_to_group(b, policy) for b in _bin_pack(data, policy.max_group_bytes))
+    with_deletes = sum(f.path in deletes.by_data for f in data) if deletes.by_data else 0
+    files_removed = len(data) - sum(g.expected_outputs for g in groups)
+    if not with_deletes and files_removed <= 0:
+        return (
+            f"full: due ({why}) but already optimal: {len(data)} data file(s) would stay "
+            f"{sum(g.expected_outputs for g in groups)}, no deletes apply"
+        )
+    why = f"{Kind.FULL}: due ({why}): all {len(data)} data file(s) rewritten in {len(groups)} group(s)"
+    if with_deletes:
+        why += f"; {with_deletes} file(s) get their deletes applied"
+    plan = _rewrite_benefit(PartitionPlan(stats, Kind.FULL, groups, reason=why), deletes)
+    return replace(plan, benefit=FULL_WEIGHT * plan.benefit)
+
+
+def _plan_split(
+    stats: PartitionStats,
+    files: Sequence[FileStat],
+    policy: Policy,
+    current_spec_id: int,
+    in_flight: Collection[str],
+    deletes: DeleteMap,
+) -> PartitionPlan | str:
+    """Split oversized files, or "" when the partition has none (candidates: current spec, not in flight)."""
+    limit = policy.split_above_bytes
+    oversized = sorted(
+        (
+            f
+            for f in files
+            if not f.is_delete and f.size > limit and f.spec_id == current_spec_id and f.path not in in_flight
+        ),
+        key=lambda f: f.path,
+    )
+    if not oversized:
+        return ""
+    groups = tuple(  # a file of fewer rows than outputs (large values) splits into at most a row each
+        FileGroup(
+            (f.path,), f.size, f.data_bytes, f.record_count, min(_split_outputs(f.data_bytes, policy), f.record_count)
+        )
+        for f in oversized
+    )
+    if not any(g.expected_outputs > 1 for g in groups):
+        return f"{len(oversized)} file(s) > max-file-size-bytes={limit} hold too little column data or rows to split"
+    groups = tuple(g for g in groups if g.expected_outputs > 1)
+    added = sum(g.expected_outputs - 1 for g in groups)
+    why = (
+        f"{Kind.SPLIT}: {len(groups)} file(s) > max-file-size-bytes={limit} split into "
+        f"{len(groups) + added} file(s) of about target={policy.target_file_size_bytes}"
+    )
+    if deletes.by_data and (applied := sum(g.paths[0] in deletes.by_data for g in groups)):
+        why += f"; {applied} file(s) get their deletes applied"
+    read_mib = max(sum(g.bytes for g in groups), 1) / MiB
+    return PartitionPlan(stats, Kind.SPLIT, groups, reason=why, benefit=SPLIT_WEIGHT * added / read_mib)
+
+
+def _split_outputs(data_bytes: int, policy: Policy) -> int:
+    """Files an oversized file's data becomes, as Iceberg's SizeBasedFileRewriter.numOutputFiles: the
+    remainder past whole target-size files is a file of its own when it would not be undersized;
+    else it is spread over the others if that keeps them within SPLIT_SPREAD_MAX x target."""
+    target = policy.target_file_size_bytes
+    if data_bytes < target:
+        return 1
+    whole, remainder = divmod(data_bytes, target)
+    if remainder > policy.undersized_below_bytes:
+        return whole + 1
+    if data_bytes / whole < min(SPLIT_SPREAD_MAX * target, policy.split_above_bytes):
+        return whole
+    return whole + 1
 
 
 def _plan_rewrite(
@@ -387,13 +533,20 @@ def _plan_rewrite(
     groups = tuple(_to_group(b, policy) for b in bins)
     if deletes.by_data and (applied := sum(p in deletes.by_data for g in groups for p in g.paths)):
         why += f"; {applied} file(s) get their deletes applied"
-    plan = PartitionPlan(stats, kind, groups, reason=f"{kind}: {why}")
-    rewritten = {p for g in groups for p in g.paths}
+    return _rewrite_benefit(PartitionPlan(stats, kind, groups, reason=f"{kind}: {why}"), deletes)
+
+
+def _rewrite_benefit(plan: PartitionPlan, deletes: DeleteMap) -> PartitionPlan:
+    """A data rewrite with its benefit (_benefit): data files removed (inputs - expected outputs) and
+    delete files that will apply to nothing any more, per MiB its groups read; reads saved as its
+    applied deletes lower the partition's read amplification."""
+    stats = plan.stats
+    rewritten = set(plan.source_paths)
     removed = [d for d in deletes.distinct(rewritten) if deletes.by_delete[d.path] <= rewritten]
     removed_rows = sum(d.record_count for d in removed)
     after = read_amplification(stats.records - removed_rows, stats.deleted_rows - removed_rows)
-    files_removed = sum(len(g.paths) - g.expected_outputs for g in groups) + len(removed)
-    return _benefit(plan, files_removed, sum(g.bytes for g in groups), stats.read_amplification - after)
+    files_removed = sum(len(g.paths) - g.expected_outputs for g in plan.groups) + len(removed)
+    return _benefit(plan, files_removed, plan.input_bytes, stats.read_amplification - after)
 
 
 def _plan_equality_conversion(

@@ -138,6 +138,10 @@ MOR_TUNINGS: dict[str, dict[str, str]] = {
     "configured": {},
 }
 MANIFEST_RACES = [None, "append", "position_delete"]  # another engine's commit during our manifest rewrite
+# Oversized files (issue 20): the machine's files hold a few rows (~1 KB of column data, a few KB on
+# disk), so a tiny target with a limit above the `tiers` target makes every file oversized and splittable.
+SPLIT_TUNING = {"compaction.target-file-size-bytes": "256", "compaction.max-file-size-bytes": "2048"}
+FULL_INTERVAL = "compaction.full.trigger-interval-ms"
 RACE_AT = ["after_prepare", "in_commit"]  # before our commit's first try / between its check and CAS
 
 
@@ -522,7 +526,33 @@ class TableHistory(RuleBasedStateMachine):
         with table.transaction() as txn:
             if props := MOR_TUNINGS[mode]:
                 txn.set_properties(props)
-            elif tuned := {k for p in MOR_TUNINGS.values() for k in p} & set(table.properties):
+            elif tuned := {k for p in [*MOR_TUNINGS.values(), SPLIT_TUNING] for k in p} & set(table.properties):
+                txn.remove_properties(*tuned)
+
+    @rule(on=st.booleans())
+    def tune_full_optimizing(self, on: bool) -> None:
+        """Full optimizing every millisecond (each compaction rewrites every partition not already
+        optimal, whole), or off."""
+        if not self._count(f"full_optimizing_{'on' if on else 'off'}"):
+            return
+        table = self.table()
+        with table.transaction() as txn:
+            if on:
+                txn.set_properties({FULL_INTERVAL: "1"})
+            elif FULL_INTERVAL in table.properties:
+                txn.remove_properties(FULL_INTERVAL)
+
+    @rule(on=st.booleans())
+    def tune_max_file_size(self, on: bool) -> None:
+        """A max file size (and target) small enough that the table's files are oversized: split
+        when no other rewrite is due; or back to the configured sizes."""
+        if not self._count(f"max_file_size_{'on' if on else 'off'}"):
+            return
+        table = self.table()
+        with table.transaction() as txn:
+            if on:
+                txn.set_properties(SPLIT_TUNING)
+            elif tuned := set(SPLIT_TUNING) & set(table.properties):
                 txn.remove_properties(*tuned)
 
     @rule(
