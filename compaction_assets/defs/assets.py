@@ -197,6 +197,8 @@ def _metadata(o: PartitionOutcome, queue: str) -> dict:
         "rows": o.rows,
         "deletes_applied": o.deletes_applied,
         "rows_deleted": o.rows_deleted,
+        "rows_expired": o.rows_expired,
+        "files_dropped": o.files_dropped,
         "delete_files_removed": o.delete_files_removed,
         "groups": o.groups,
         "duration_s": round(o.seconds, 3),
