@@ -4,6 +4,8 @@ written minus exactly those past retention. `now` is the engine's clock, not the
 
 from __future__ import annotations
 
+import json
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -12,16 +14,23 @@ from urllib.parse import urlparse
 
 import pyarrow as pa
 import pytest
+from dagster import instance_for_test
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation
 from pyiceberg.types import DateType, IntegerType, LongType, NestedField, StringType, TimestampType, TimestamptzType
+from sqlalchemy import update
+from sqlalchemy.orm import Session
 
 from compaction_assets import faults
 from compaction_assets.commit.consistency import check_partitions
-from compaction_assets.commit.ledger import Status
+from compaction_assets.commit.ledger import AttemptRow, Status
 from compaction_assets.commit.recovery import recover
 from compaction_assets.commit.two_phase import ATTEMPT_ID_PROPERTY, TASK_ID_PROPERTY
+from compaction_assets.config import load_config
+from compaction_assets.defs.build import build_definitions, table_job
+from compaction_assets.defs.naming import op_name
+from compaction_assets.defs.sensors import EXPIRE_REPLAN_SECONDS
 from compaction_assets.engine import Engine
 from compaction_assets.errors import ConfigError
 from compaction_assets.lake.appends import append_fragments
@@ -29,6 +38,7 @@ from compaction_assets.planning.planner import EXPIRE_BENEFIT, Kind
 from tests.conftest import BY_REGION, Lake
 from tests.lakekit.duckdb_reader import duckdb_rows
 from tests.lakekit.oracle import row_key
+from tests.test_sensor import tick
 
 NOW = datetime(2024, 6, 1, tzinfo=UTC)
 NOW_MS = int(NOW.timestamp() * 1000)
@@ -320,3 +330,50 @@ def test_plan_and_expire_dry_run_show_what_would_go_and_expire_runs_only_that(la
     after = lake.table("ns.ev")
     assert after.current_snapshot().summary.operation == Operation.DELETE
     assert len(after.inspect.files()) == 1 + 6  # mixed and many untouched: only the expiration ran
+
+
+def test_the_asset_reports_kind_expire_its_check_passes_and_still_catches_a_row_lost(lake):
+    """Materialising a partition runs its expiration (the system clock: rows a week old go); the
+    blocking check passes on the ledger's accounting, and fails once a row is unaccounted for."""
+    writer = Writer()
+    week_ago, tomorrow = datetime.now(UTC) - timedelta(days=7), datetime.now(UTC) + DAY
+    make_table(lake, writer, {"mixed": [[week_ago], [week_ago, None, tomorrow]]})
+    defs = build_definitions(load_config(lake.config_path))
+    with instance_for_test() as instance:
+        instance.add_dynamic_partitions("lake__ns__ev", ["region=mixed"])
+        result = table_job(defs, "ns.ev").execute_in_process(instance=instance, partition_key="region=mixed")
+
+    assert result.success
+    [event] = result.asset_materializations_for_node(op_name("default", "ns.ev"))
+    meta = {k: v.value for k, v in event.metadata.items()}
+    assert (meta["status"], meta["kind"], meta["rows_expired"], meta["files_dropped"]) == ("committed", "expire", 2, 1)
+    [check] = result.get_asset_check_evaluations()
+    assert check.passed
+    after = lake.table("ns.ev")
+    assert read(after) == writer.kept(cutoff=datetime.now(UTC) - DAY)
+    [attempt] = lake.engine.ledger.attempts(table_name="ns.ev")
+    assert after.current_snapshot().summary.operation == Operation.OVERWRITE
+
+    with Session(lake.engine.ledger._engine) as session, session.begin():  # one expired row unaccounted for
+        session.execute(update(AttemptRow).values(rows_expired=attempt.rows_expired - 1))
+    [report] = check_partitions(after, lake.engine.ledger, {"region=mixed": attempt.task_id}, 60).values()
+    assert not report.passed
+    assert "rows in 4 != rows out 2 + rows expired 1" in report.problems[0]
+
+
+def test_the_sensor_plans_an_unchanged_table_again_once_time_may_have_moved_rows_past_retention(lake):
+    """Other tables are planned again only when they change; one with expiration on also every
+    EXPIRE_REPLAN_SECONDS, since rows pass the cutoff with no commit at all."""
+    make_table(lake, Writer(), {"new": [[datetime.now(UTC)]]})
+    with instance_for_test() as instance:
+        first = tick(lake, instance)
+        assert first.asset_events  # planned: an observation per partition
+        assert json.loads(first.cursor)["expiring"] == {"ns.ev": pytest.approx(time.time(), abs=60)}
+
+        again = tick(lake, instance, cursor=first.cursor)
+        assert again.asset_events == []  # unchanged and planned a moment ago
+
+        cursor = json.loads(first.cursor)
+        cursor["expiring"]["ns.ev"] -= EXPIRE_REPLAN_SECONDS
+        later = tick(lake, instance, cursor=json.dumps(cursor))
+        assert later.asset_events  # planned again, the table unchanged

@@ -56,9 +56,11 @@ from compaction_assets.errors import CompactionError
 from compaction_assets.execution import connect_server
 from compaction_assets.execution.spark import require_server
 from compaction_assets.lake.catalog import load_table, managed_tables, metadata_locations
+from compaction_assets.planning.expiration import ExpireRule
 from compaction_assets.planning.scheduling import Batch, Candidate, Decision, decide
 from compaction_assets.redact import redact
 
+EXPIRE_REPLAN_SECONDS = 600  # an unchanged table with data expiration on is planned again this often
 SKIPS_LOGGED = 20  # per reason: a table of thousands of waiting partitions logs these and a count
 IN_PROGRESS = [
     DagsterRunStatus.QUEUED,
@@ -86,13 +88,16 @@ class FragmentationCursor:
     partition has waited, with the benefit its plan had. A table is re-planned only when its
     metadata file (SQL catalogs: read for all tables in one query) or snapshot changed, or the
     config did; an unchanged table's deferred partitions are candidates again as they were
-    planned (a 200,000-file table is not re-planned every tick while its partitions queue)."""
+    planned (a 200,000-file table is not re-planned every tick while its partitions queue). A table
+    with data expiration on is also re-planned every EXPIRE_REPLAN_SECONDS: time alone moves rows
+    past retention."""
 
     snapshots: dict[str, int | None] = field(default_factory=dict)
     waiting: dict[str, float] = field(default_factory=dict)  # "table|partition" -> epoch seconds
     versions: dict[str, str | None] = field(default_factory=dict)  # table -> metadata location
     config: str = ""  # fingerprint of the compaction.yaml last planned with
     benefits: dict[str, float] = field(default_factory=dict)  # "table|partition" (waiting) -> plan benefit
+    expiring: dict[str, float] = field(default_factory=dict)  # table with expiration on -> last planned, epoch s
 
     @staticmethod
     def parse(raw: str | None) -> "FragmentationCursor":
@@ -173,6 +178,7 @@ def evaluate_fragmentation(
         waiting = waiting_of.get(name, [])
         replayable = all(k in cursor.benefits for k in waiting)  # each waiting partition's planned benefit is kept
 
+        replayable = replayable and now - cursor.expiring.get(name, now) < EXPIRE_REPLAN_SECONDS
         known = locations is not None and name in cursor.versions
         if known and cursor.versions[name] == locations.get(name) and replayable:
             unchanged.append(name)
@@ -240,6 +246,10 @@ def evaluate_fragmentation(
             candidates.append(Candidate(name, key, rule.queue, rule.priority, plan.benefit, since, snapshot_id))
         cursor.snapshots[name] = snapshot_id
         cursor.versions[name] = table.metadata_location
+        if isinstance(tplan.expire, ExpireRule):
+            cursor.expiring[name] = now
+        else:
+            cursor.expiring.pop(name, None)
     if candidates and (down := _spark_down(config)):
         summary = (
             f"evaluated {len(tables)} table(s): {len(candidates)} partition(s) worth compacting wait, none "

@@ -114,7 +114,7 @@ class RewriteJob:
                     **g,
                     "sources": [SourceFile(**s) for s in g["sources"]],
                     "deletes": [DeleteSpec(**d) for d in g["deletes"]],
-                    "expire": ExpireFilter(**g["expire"]) if g["expire"] else None,
+                    "expire": ExpireFilter(**g["expire"]) if g.get("expire") else None,
                 }
             )
             for g in doc["groups"]

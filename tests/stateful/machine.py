@@ -12,6 +12,12 @@ DuckDB's Iceberg scan and pyiceberg (with partition and data-column filters) whi
 equality deletes (pyiceberg refuses them, DuckDB 1.4.4 mis-reads some: tests/test_lakekit.py).
 Recovery runs as the recovery job does, with a 0 s timeout so this process's attempts count as dead.
 
+Data expiration (issue 20) is the one change of ours that removes rows: a rule turns it on (on the
+`at` timestamptz or on `id` read as epoch millis, with a cutoff inside the rows written so far, the
+engine's clock fixed at NOW) or off. When an expire snapshot lands (committed, or recommitted by
+recovery), the oracle drops exactly the rows of that attempt's source files whose field was below
+the cutoff in force when it was planned: rows appended meanwhile, NULLs and other files stay.
+
 Storage: the warehouse is a local folder, or (STATEFUL_STORAGE=s3, with `TableHistory.s3` set by the
 test) a fresh prefix per history on the local S3 server (compaction_assets/local_s3.py), reached
 through the catalog's s3.* properties by pyiceberg, the Spark workers' FileIO and DuckDB's httpfs.
@@ -59,6 +65,7 @@ from pyiceberg.types import (
 from compaction_assets import faults
 from compaction_assets.commit.ledger import OPEN, Status
 from compaction_assets.commit.recovery import recover as recover_attempts
+from compaction_assets.commit.two_phase import commit_snapshot
 from compaction_assets.config import load_config
 from compaction_assets.demo import append_fragments
 from compaction_assets.engine import Engine
@@ -94,6 +101,9 @@ SCHEMA = Schema(
     ),
 )
 EPOCH = datetime(2024, 1, 1, tzinfo=UTC)
+EPOCH_MS = int(EPOCH.timestamp() * 1000)
+NOW_MS = EPOCH_MS + 365 * 86_400_000  # the engine's clock: data expiration's cutoff = NOW_MS - retention
+EXPIRE_FIELDS = {"at": AT, "id": ID}  # timestamptz, and a long read as epoch millis
 BY_REGION = PartitionSpec(PartitionField(source_id=REGION, field_id=1000, transform=IdentityTransform(), name="region"))
 # Exploring past a known failure: STATEFUL_SKIP=add_files_file1,race_expire,crash_after_prepare,... turns
 # those steps into no-ops; region_null_string leaves 'null' out of the partition values.
@@ -150,6 +160,7 @@ class Figures:
     races: Counter[str] = field(default_factory=Counter)
     outcomes: Counter[str] = field(default_factory=Counter)
     rows_checked: int = 0
+    rows_expired: int = 0  # rows the oracle dropped because an expire snapshot landed
     lost: int = 0
     duplicated: int = 0
     resurrected: int = 0
@@ -162,7 +173,8 @@ class Figures:
 
     def summary(self) -> str:
         lines = [
-            f"histories={self.histories} steps={self.steps} rows_checked={self.rows_checked}",
+            f"histories={self.histories} steps={self.steps} rows_checked={self.rows_checked} "
+            f"rows_expired={self.rows_expired}",
             f"lost={self.lost} duplicated={self.duplicated} resurrected_or_corrupt={self.resurrected}",
             "rules: " + ", ".join(f"{k}={v}" for k, v in sorted(self.rules.items())),
             "crashes: " + ", ".join(f"{k}={v}" for k, v in sorted(self.crashes.items())),
@@ -204,12 +216,18 @@ class TableHistory(RuleBasedStateMachine):
             gc={"max_snapshot_age_hours": 0, "min_snapshots_to_keep": 1, "orphan_grace_hours": 0},
             **extra,
         )
-        self.engine = Engine(load_config(config), spark=lambda: self.spark)
+        self.engine = Engine(load_config(config), spark=lambda: self.spark, clock=lambda: NOW_MS)
         self.engine.catalog.create_namespace("ns")
         self.engine.catalog.create_table(TABLE, schema=SCHEMA, partition_spec=BY_REGION)
         self.oracle = Oracle()
         self.next_id = 0
         self.pending_recovery = False
+        self.expiry: tuple[int, Any] | None = (
+            None  # data expiration in force: (field id, cutoff as the oracle holds it)
+        )
+        self.expirations: dict[str, tuple[int, Any]] = {}  # expire attempt id -> the expiry it was planned with
+        self.settled: set[str] = set()  # expire attempts the oracle has accounted for (or never will: ended)
+        self.seen: dict[str, DataFile] = {}  # data files live before one of our compactions, by path
         FIGURES.histories += 1
 
     # ----------------------------------------------------------------- helpers (other engines)
@@ -348,6 +366,7 @@ class TableHistory(RuleBasedStateMachine):
     # ----------------------------------------------------------------- our engine
 
     def _compact(self, partition_pick: int | None) -> None:
+        self.seen.update((f.file_path, f) for f in self._live_data_files(self.table()))
         partition = None
         if partition_pick is not None:
             todo = self.engine.plan(TABLE).to_compact
@@ -387,6 +406,24 @@ class TableHistory(RuleBasedStateMachine):
             yield
         finally:
             Table._do_commit = original  # type: ignore[method-assign]
+
+    def _settle_expirations(self) -> None:
+        """Account in the oracle for every expire snapshot that landed: each new expire attempt is
+        tied to the expiry in force (attempts begin inside the step just run); one a snapshot
+        carries (or the ledger calls COMMITTED) drops its source files' rows below the cutoff."""
+        table = self.table()
+        for attempt in self.engine.ledger.attempts(table_name=TABLE):
+            if attempt.kind != "expire" or attempt.attempt_id in self.settled:
+                continue
+            assert self.expiry is not None or attempt.attempt_id in self.expirations, "expired while off"
+            field_id, cutoff = self.expirations.setdefault(attempt.attempt_id, self.expiry)  # type: ignore[arg-type]
+            if attempt.status in (Status.FAILED, Status.ROLLED_BACK):
+                self.settled.add(attempt.attempt_id)
+            elif attempt.status == Status.COMMITTED or commit_snapshot(table, attempt) is not None:
+                ids = [i for p in attempt.source_files for i in read_column(table, self.seen[p], ID, "id")]
+                gone = [i for i in ids if i in self.oracle.rows and _below(self.oracle.rows[i].get(field_id), cutoff)]
+                FIGURES.rows_expired += self.oracle.delete(gone)
+                self.settled.add(attempt.attempt_id)
 
     # ----------------------------------------------------------------- rules
 
@@ -519,6 +556,26 @@ class TableHistory(RuleBasedStateMachine):
             elif tuned := {k for p in MOR_TUNINGS.values() for k in p} & set(table.properties):
                 txn.remove_properties(*tuned)
 
+    @rule(column=st.none() | st.sampled_from(sorted(EXPIRE_FIELDS)), pick=st.integers(0, 1000))
+    def tune_expiration(self, column: str | None, pick: int) -> None:
+        """Data expiration on `column` (None: off), the cutoff inside the rows written so far: `id`
+        below it, or `at` before EPOCH + that many seconds (row n's `at` is about EPOCH + n s)."""
+        if not self._count("tune_expire_off" if column is None else "tune_expire"):
+            return
+        table = self.table()
+        with table.transaction() as txn:
+            if column is None:
+                if "compaction.expire.field" in table.properties:
+                    txn.remove_properties("compaction.expire.field", "compaction.expire.retention-ms")
+                self.expiry = None
+                return
+            below = pick % (self.next_id + 1)
+            cutoff_ms = below if column == "id" else EPOCH_MS + below * 1000
+            txn.set_properties(
+                {"compaction.expire.field": column, "compaction.expire.retention-ms": str(NOW_MS - cutoff_ms)}
+            )
+        self.expiry = (ID, below) if column == "id" else (AT, EPOCH + timedelta(seconds=below))
+
     @rule()
     def expire_snapshots_by_another_engine(self) -> None:
         if not self._count("expire"):
@@ -576,6 +633,7 @@ class TableHistory(RuleBasedStateMachine):
     def rows_equal_the_oracle(self) -> None:
         """The spec reader always; DuckDB and pyiceberg (with filters) where they can read the table:
         pyiceberg refuses equality deletes, DuckDB 1.4.4 loses rows on some (tests/test_lakekit.py)."""
+        self._settle_expirations()
         table = self.table()
         schema = table.schema()
         expected = self.oracle.view(schema)
@@ -646,6 +704,11 @@ def _typed_values(n: int) -> dict[int, Any]:
         TAGS: None if n % 7 == 0 else [] if n % 7 == 1 else [f"t{n % 3}", None if n % 4 == 0 else f"é{n}"],
         POINT: None if n % 4 == 0 else {"x": n % 10, "label": None if n % 3 == 0 else f"l{n}"},
     }
+
+
+def _below(value: Any, cutoff: Any) -> bool:
+    """Past retention: a value below the cutoff (NULL never is)."""
+    return value is not None and value < cutoff
 
 
 def _identity_only(table: Table) -> bool:
