@@ -15,9 +15,11 @@ from urllib.parse import urlparse
 import pyarrow as pa
 import pytest
 from dagster import instance_for_test
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation
+from pyiceberg.typedef import Record
 from pyiceberg.types import DateType, IntegerType, LongType, NestedField, StringType, TimestampType, TimestamptzType
 from sqlalchemy import update
 from sqlalchemy.orm import Session
@@ -34,6 +36,7 @@ from compaction_assets.defs.sensors import EXPIRE_REPLAN_SECONDS
 from compaction_assets.engine import Engine
 from compaction_assets.errors import ConfigError
 from compaction_assets.lake.appends import append_fragments
+from compaction_assets.planning.expiration import ExpireRule, Verdict
 from compaction_assets.planning.planner import EXPIRE_BENEFIT, Kind
 from tests.conftest import BY_REGION, Lake
 from tests.lakekit.duckdb_reader import duckdb_rows
@@ -377,3 +380,43 @@ def test_the_sensor_plans_an_unchanged_table_again_once_time_may_have_moved_rows
         cursor["expiring"]["ns.ev"] -= EXPIRE_REPLAN_SECONDS
         later = tick(lake, instance, cursor=json.dumps(cursor))
         assert later.asset_events  # planned again, the table unchanged
+
+
+def _file(records: int, lower: int | None, upper: int | None, nulls: int | None, width: int = 8) -> DataFile:
+    """A data file's manifest statistics of field 6 (ms, a long)."""
+
+    def encoded(value: int | None) -> dict[int, bytes]:
+        return {} if value is None else {6: value.to_bytes(width, "little", signed=True)}
+
+    return DataFile.from_args(
+        content=DataFileContent.DATA,
+        file_path="s3://b/f.parquet",
+        file_format=FileFormat.PARQUET,
+        partition=Record(),
+        record_count=records,
+        file_size_in_bytes=1000,
+        lower_bounds=encoded(lower),
+        upper_bounds=encoded(upper),
+        null_value_counts={} if nulls is None else {6: nulls},
+    )
+
+
+RULE = ExpireRule(6, "ms", LongType(), cutoff=100, cutoff_ms=100, retention_ms=1)
+
+
+@pytest.mark.parametrize(
+    ("data_file", "verdict"),
+    [
+        pytest.param(_file(5, 10, 99, 0), Verdict.DROP, id="upper below the cutoff, no NULLs: dropped unread"),
+        pytest.param(_file(5, 10, 99, 1), Verdict.REWRITE, id="upper below the cutoff but a NULL: rewritten"),
+        pytest.param(_file(5, 10, 99, None), Verdict.REWRITE, id="NULL count unknown: rewritten"),
+        pytest.param(_file(5, 100, 200, 0), Verdict.KEEP, id="lower at the cutoff: kept"),
+        pytest.param(_file(5, 99, 200, 0), Verdict.REWRITE, id="straddling the cutoff: rewritten"),
+        pytest.param(_file(5, None, None, 5), Verdict.KEEP, id="only NULLs: kept"),
+        pytest.param(_file(5, None, None, 0), Verdict.REWRITE, id="no bounds: rewritten"),
+        pytest.param(_file(5, None, 99, 0), Verdict.DROP, id="no lower bound, upper below: dropped"),
+        pytest.param(_file(5, 10, 99, 0, width=4), Verdict.DROP, id="int bounds of a column promoted to long"),
+    ],
+)
+def test_a_file_is_judged_by_its_bounds_and_null_count(data_file, verdict):
+    assert RULE.verdict(data_file) == verdict
