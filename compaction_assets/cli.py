@@ -147,6 +147,9 @@ def plan(ctx: click.Context, table: str, as_json: bool) -> None:
     )
     if tplan.refused:
         click.echo(f"not compacted: {tplan.refused}")
+    if tplan.expire is not None:
+        expiry = tplan.expire if isinstance(tplan.expire, str) else f"expires rows where {tplan.expire.describe()}"
+        click.echo(f"data expiration: {expiry}")
     click.echo(
         f"{'partition':32} {'files':>6} {'bytes':>12} {'frag':>5} {'under':>5} {'posdel':>6} {'eqdel':>5} "
         f"{'deleted':>9} {'ratio':>5} {'amp':>6}  plan"

@@ -318,6 +318,7 @@ def test_plan_and_expire_dry_run_show_what_would_go_and_expire_runs_only_that(la
     assert plan.returncode == 0, plan.stderr
     assert "expire ~2 row(s): 2 file(s) dropped unread, 0 file(s) rewritten" in plan.stdout
     assert "whole partition past retention" in plan.stdout
+    assert "data expiration: expires rows where ts < " in plan.stdout
     # the straddling file's expired rows are estimated from its bounds: 3/4 of [week ago, tomorrow]
     assert "expire ~2 row(s): 0 file(s) dropped unread, 1 file(s) rewritten in 1 group(s)" in plan.stdout
     dry = lake.cli("expire", "ns.ev", "--dry-run")
