@@ -63,7 +63,8 @@ def check_spec(spec: AssetSpec) -> AssetCheckSpec:
             blocking=True,
             partitions_def=spec.partitions_def,
             description="The run's ledger rows are COMMITTED with their snapshot, result files live, replaced "
-            "files gone, rows in = rows out, nothing left PREPARED or untracked for the partition.",
+            "files gone, rows in = rows out (+ rows a data expiration dropped, never in a `replace` snapshot), "
+            "nothing left PREPARED or untracked for the partition.",
         )
 
 

@@ -560,7 +560,7 @@ class TableHistory(RuleBasedStateMachine):
     def tune_expiration(self, column: str | None, pick: int) -> None:
         """Data expiration on `column` (None: off), the cutoff inside the rows written so far: `id`
         below it, or `at` before EPOCH + that many seconds (row n's `at` is about EPOCH + n s)."""
-        if not self._count("tune_expire_off" if column is None else "tune_expire"):
+        if not self._count("tune_expiration_off" if column is None else "tune_expiration_on"):
             return
         table = self.table()
         with table.transaction() as txn:
@@ -575,6 +575,20 @@ class TableHistory(RuleBasedStateMachine):
                 {"compaction.expire.field": column, "compaction.expire.retention-ms": str(NOW_MS - cutoff_ms)}
             )
         self.expiry = (ID, below) if column == "id" else (AT, EPOCH + timedelta(seconds=below))
+
+    @precondition(lambda self: self.expiry is not None)
+    @rule(pick=st.none() | st.integers(0, 50))
+    def expire_rows_now(self, pick: int | None) -> None:
+        """`compaction-assets expire`: only the expirations of the plan run (of one partition, or all)."""
+        if not self._count("expire_rows_now"):
+            return
+        self.seen.update((f.file_path, f) for f in self._live_data_files(self.table()))
+        plans = [p for p in self.engine.plan(TABLE).to_compact if p.kind == "expire"]
+        partition = plans[pick % len(plans)].partition_key if plans and pick is not None else None
+        for outcome in self.engine.expire(TABLE, partition=partition):
+            assert outcome.kind == "expire" or outcome.status == "skipped", outcome
+            if outcome.status == "committed":
+                FIGURES.outcomes["committed expire (expire command)"] += 1
 
     @rule()
     def expire_snapshots_by_another_engine(self) -> None:
