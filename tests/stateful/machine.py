@@ -556,12 +556,9 @@ class TableHistory(RuleBasedStateMachine):
             elif tuned := {k for p in MOR_TUNINGS.values() for k in p} & set(table.properties):
                 txn.remove_properties(*tuned)
 
-    @rule(column=st.none() | st.sampled_from(sorted(EXPIRE_FIELDS)), pick=st.integers(0, 1000))
-    def tune_expiration(self, column: str | None, pick: int) -> None:
-        """Data expiration on `column` (None: off), the cutoff inside the rows written so far: `id`
-        below it, or `at` before EPOCH + that many seconds (row n's `at` is about EPOCH + n s)."""
-        if not self._count("tune_expiration_off" if column is None else "tune_expiration_on"):
-            return
+    def _set_expiration(self, column: str | None, below: int) -> None:
+        """Data expiration on `column` (None: off) with the cutoff `below`: `id` below it, or `at`
+        before EPOCH + that many seconds (row n's `at` is about EPOCH + n s)."""
         table = self.table()
         with table.transaction() as txn:
             if column is None:
@@ -569,12 +566,23 @@ class TableHistory(RuleBasedStateMachine):
                     txn.remove_properties("compaction.expire.field", "compaction.expire.retention-ms")
                 self.expiry = None
                 return
-            below = pick % (self.next_id + 1)
             cutoff_ms = below if column == "id" else EPOCH_MS + below * 1000
             txn.set_properties(
                 {"compaction.expire.field": column, "compaction.expire.retention-ms": str(NOW_MS - cutoff_ms)}
             )
         self.expiry = (ID, below) if column == "id" else (AT, EPOCH + timedelta(seconds=below))
+
+    @initialize(column=st.sampled_from([None, None, *sorted(EXPIRE_FIELDS)]), below=st.integers(0, 40))
+    def expiration_from_the_start(self, column: str | None, below: int) -> None:
+        """Half the histories start with data expiration on (a cutoff among the first rows' ids and times)."""
+        if column is not None and self._count("expiration_from_the_start"):
+            self._set_expiration(column, below)
+
+    @rule(column=st.none() | st.sampled_from(sorted(EXPIRE_FIELDS)), pick=st.integers(0, 1000))
+    def tune_expiration(self, column: str | None, pick: int) -> None:
+        """Data expiration on (a cutoff inside the rows written so far) or off."""
+        if self._count("tune_expiration_off" if column is None else "tune_expiration_on"):
+            self._set_expiration(column, pick % (self.next_id + 1))
 
     @precondition(lambda self: self.expiry is not None)
     @rule(pick=st.none() | st.integers(0, 50))
