@@ -101,10 +101,17 @@ def make_table(lake: Lake, writer: Writer, layout: dict[str, list[Sequence[datet
     return lake.table("ns.ev")
 
 
-def engine(lake: Lake, spark: Callable | None = None) -> Engine:
-    """The lake's engine with the test's clock (and, if given, its Spark session factory)."""
-    session = lake.engine._spark_factory
-    return Engine(lake.engine.config, lake.catalog, lake.engine.ledger, spark or session, clock=lambda: NOW_MS)
+@pytest.fixture
+def clocked(lake: Lake, spark) -> Callable[..., Engine]:
+    """Engines on the lake with the test's clock (NOW unless given) and the test session's Spark
+    (unless another session factory is given)."""
+    session = spark
+
+    def make(now_ms: int = NOW_MS, spark: Callable | None = None) -> Engine:
+        factory = spark or (lambda: session)
+        return Engine(lake.engine.config, lake.catalog, lake.engine.ledger, factory, clock=lambda: now_ms)
+
+    return make
 
 
 def read(table: Table) -> Counter:
@@ -131,13 +138,13 @@ MIXED = {
 }
 
 
-def test_the_plan_decides_each_file_from_its_bounds_and_null_count(lake):
+def test_the_plan_decides_each_file_from_its_bounds_and_null_count(lake, clocked):
     writer = Writer()
     table = make_table(lake, writer, MIXED)
     files = {f["file_path"]: f for f in table.inspect.files().to_pylist()}
     by_first_id = {f["readable_metrics"]["id"]["lower_bound"]: p for p, f in files.items()}
 
-    plans = {p.partition_key: p for p in engine(lake).plan("ns.ev").partitions}
+    plans = {p.partition_key: p for p in clocked().plan("ns.ev").partitions}
 
     old, mixed, new = plans["region=old"], plans["region=mixed"], plans["region=new"]
     assert old.kind == Kind.EXPIRE and not old.groups and len(old.drop_paths) == 3
@@ -150,23 +157,23 @@ def test_the_plan_decides_each_file_from_its_bounds_and_null_count(lake):
     assert "ts < 2024-05-31T00:00:00.000+00:00 (now - retention 86400000 ms)" in mixed.reason
     assert new.kind is None and "ts <" not in new.reason
     assert old.benefit > EXPIRE_BENEFIT and mixed.benefit > EXPIRE_BENEFIT  # ahead of any fragmentation
-    assert [p.partition_key for p in engine(lake).plan("ns.ev").to_compact][:2] in (
+    assert [p.partition_key for p in clocked().plan("ns.ev").to_compact][:2] in (
         ["region=old", "region=mixed"],
         ["region=mixed", "region=old"],
     )
 
 
-def test_whole_files_go_unread_the_rest_is_rewritten_and_nulls_stay(lake):
+def test_whole_files_go_unread_the_rest_is_rewritten_and_nulls_stay(lake, clocked):
     writer = Writer()
     table = make_table(lake, writer, MIXED)
-    tplan = engine(lake).plan("ns.ev")
+    tplan = clocked().plan("ns.ev")
     dropped = [path for p in tplan.partitions for path in p.drop_paths]
     assert len(dropped) == 4
     for path in dropped:  # nothing may read them: reading a missing file fails the rewrite
         Path(urlparse(path).path).unlink()
     parent = table.current_snapshot().snapshot_id
 
-    outcomes = {o.partition_key: o for o in engine(lake).compact("ns.ev")}
+    outcomes = {o.partition_key: o for o in clocked().compact("ns.ev")}
 
     old, mixed = outcomes["region=old"], outcomes["region=mixed"]
     assert (old.status, old.kind, old.files_dropped, old.rows_expired, old.groups) == ("committed", "expire", 3, 5, 0)
@@ -187,14 +194,14 @@ def test_whole_files_go_unread_the_rest_is_rewritten_and_nulls_stay(lake):
     assert int(snapshot.summary["deleted-records"]) - int(snapshot.summary["added-records"]) == 11
     tasks = {a.partition_key: a.task_id for a in attempts}
     assert all(r.passed for r in check_partitions(after, lake.engine.ledger, tasks, 60).values())
-    assert engine(lake).plan("ns.ev").to_compact == []  # nothing left past retention
+    assert clocked().plan("ns.ev").to_compact == []  # nothing left past retention
 
 
-def test_an_expiration_that_only_drops_files_is_a_delete_snapshot_without_spark(lake):
+def test_an_expiration_that_only_drops_files_is_a_delete_snapshot_without_spark(lake, clocked):
     writer = Writer()
     make_table(lake, writer, {"old": MIXED["old"], "new": MIXED["new"]})
 
-    [old] = [o for o in engine(lake, spark=no_spark).compact("ns.ev") if o.status != "skipped"]
+    [old] = [o for o in clocked(spark=no_spark).compact("ns.ev") if o.status != "skipped"]
 
     assert (old.status, old.partition_key, old.rows_expired) == ("committed", "region=old", 5)
     after = lake.table("ns.ev")
@@ -202,7 +209,7 @@ def test_an_expiration_that_only_drops_files_is_a_delete_snapshot_without_spark(
     assert read(after) == writer.kept() and read_duckdb(after) == writer.kept()
 
 
-def test_rows_appended_while_it_runs_are_kept_even_past_retention(lake):
+def test_rows_appended_while_it_runs_are_kept_even_past_retention(lake, clocked):
     writer = Writer()
     make_table(lake, writer, MIXED)
     late = []
@@ -213,7 +220,7 @@ def test_rows_appended_while_it_runs_are_kept_even_past_retention(lake):
 
     faults.arm("after_prepare", append_old_rows)
     try:
-        outcomes = engine(lake).compact("ns.ev")
+        outcomes = clocked().compact("ns.ev")
     finally:
         faults.disarm()
 
@@ -222,17 +229,17 @@ def test_rows_appended_while_it_runs_are_kept_even_past_retention(lake):
     expected = writer.kept() + Counter(row_key(r) for r in writer.rows if r["id"] in late_ids)
     after = lake.table("ns.ev")
     assert read(after) == expected and read_duckdb(after) == expected
-    assert engine(lake).plan("ns.ev").to_compact  # they expire with the next run
+    assert clocked().plan("ns.ev").to_compact  # they expire with the next run
 
 
 @pytest.mark.parametrize(("region", "operation"), [("old", Operation.DELETE), ("mixed", Operation.OVERWRITE)])
-def test_a_crash_between_prepare_and_commit_is_recommitted_with_its_operation(lake, region, operation):
+def test_a_crash_between_prepare_and_commit_is_recommitted_with_its_operation(lake, region, operation, clocked):
     writer = Writer()
     make_table(lake, writer, {region: MIXED[region]})
     faults.arm("after_prepare")
     try:
         with pytest.raises(faults.InjectedCrash):
-            engine(lake).compact("ns.ev")
+            clocked().compact("ns.ev")
     finally:
         faults.disarm()
     assert lake.engine.ledger.counts() == {"PREPARED": 1}
@@ -264,13 +271,11 @@ BASE_MS = int(datetime(CUTOFF.year, CUTOFF.month, CUTOFF.day, tzinfo=UTC).timest
         ("ms_int", 0, NOW_MS - BASE_MS),  # epoch millis that fit an int: the clock moved back to match
     ],
 )
-def test_each_accepted_type_is_compared_in_its_own_unit(lake, column, cutoff, clock_ms):
+def test_each_accepted_type_is_compared_in_its_own_unit(lake, column, cutoff, clock_ms, clocked):
     writer = Writer()
     layout = {"mixed": [[OLD - DAY, OLD], [OLD - 2 * DAY, NEW, None, OLD + timedelta(hours=4)]]}
     make_table(lake, writer, layout, **{**EXPIRE, "compaction.expire.field": column})
-    ours = Engine(lake.engine.config, lake.catalog, lake.engine.ledger, lake.engine._spark_factory, lambda: clock_ms)
-
-    [outcome] = ours.compact("ns.ev")
+    [outcome] = clocked(now_ms=clock_ms).compact("ns.ev")
 
     assert outcome.status == "committed" and outcome.kind == "expire", outcome.reason
     expected = writer.kept(column, cutoff)
@@ -278,29 +283,31 @@ def test_each_accepted_type_is_compared_in_its_own_unit(lake, column, cutoff, cl
     assert outcome.rows_expired == len(writer.rows) - sum(expected.values()) > 0
 
 
-def test_a_column_of_another_type_is_a_config_error_naming_table_and_column(lake):
+def test_a_column_of_another_type_is_a_config_error_naming_table_and_column(lake, clocked):
     make_table(
         lake, Writer(), {"new": [[NEW]]}, **{"compaction.expire.field": "region", "compaction.expire.retention-ms": "1"}
     )
     with pytest.raises(ConfigError, match=r"table 'ns.ev': compaction.expire.field='region' names a string column"):
-        engine(lake).plan("ns.ev")
+        clocked().plan("ns.ev")
 
 
-def test_a_renamed_column_is_followed_by_field_id_and_a_missing_one_stops_only_this_tier(lake):
+def test_a_renamed_column_is_followed_by_field_id_and_a_missing_one_stops_only_this_tier(lake, clocked):
     writer = Writer()
-    table = make_table(lake, writer, {"old": MIXED["old"], "many": [[NEW]] * 6})
+    table = make_table(lake, writer, {"old": MIXED["old"], "many": [[NEW]] * 6, "both": [[OLD]] + [[NEW]] * 5})
     with table.update_schema() as update:
         update.rename_column("ts", "event_ts")
 
-    plans = {p.partition_key: p for p in engine(lake).plan("ns.ev").partitions}
+    plans = {p.partition_key: p for p in clocked().plan("ns.ev").partitions}
     assert "column 'ts' (compaction.expire.field) is not in the current schema" in plans["region=old"].reason
     assert plans["region=old"].kind is None
-    assert plans["region=many"].kind == Kind.MINOR  # the other kinds plan as usual
+    assert plans["region=many"].kind == plans["region=both"].kind == Kind.MINOR  # the other kinds plan as usual
 
     with lake.table("ns.ev").transaction() as txn:
         txn.set_properties({"compaction.expire.field": "event_ts"})
-    plans = {p.partition_key: p for p in engine(lake).plan("ns.ev").partitions}
+    plans = {p.partition_key: p for p in clocked().plan("ns.ev").partitions}
     assert plans["region=old"].kind == Kind.EXPIRE and len(plans["region=old"].drop_paths) == 3
+    assert plans["region=both"].kind == Kind.EXPIRE  # first in precedence: its fragments wait for the next run
+    assert plans["region=many"].kind == Kind.MINOR
 
 
 def test_plan_and_expire_dry_run_show_what_would_go_and_expire_runs_only_that(lake):
