@@ -18,6 +18,7 @@ from compaction_assets.config import load_config
 from compaction_assets.engine import Engine, PartitionOutcome
 from compaction_assets.errors import CatalogError, CompactionError, ConfigError
 from compaction_assets.lake.catalog import TableNotFound
+from compaction_assets.planning.planner import Kind, PartitionPlan
 from compaction_assets.redact import RedactingFilter, redact
 
 if TYPE_CHECKING:
@@ -128,6 +129,8 @@ def plan(ctx: click.Context, table: str, as_json: bool) -> None:
                     "groups": [{"files": len(g.paths), "bytes": g.bytes} for g in p.groups],
                     "delete_paths": list(p.delete_paths),
                     "covered_data_paths": list(p.covered_data_paths),
+                    "drop_paths": list(p.drop_paths),
+                    "expired_rows_estimate": p.expired_rows,
                 }
                 for p in tplan.partitions
             ],
@@ -151,6 +154,9 @@ def plan(ctx: click.Context, table: str, as_json: bool) -> None:
     )
     if tplan.refused:
         click.echo(f"not compacted: {tplan.refused}")
+    if tplan.expire is not None:
+        expiry = tplan.expire if isinstance(tplan.expire, str) else f"expires rows where {tplan.expire.describe()}"
+        click.echo(f"data expiration: {expiry}")
     click.echo(
         f"{'partition':32} {'files':>6} {'bytes':>12} {'frag':>5} {'under':>5} {'posdel':>6} {'eqdel':>5} "
         f"{'deleted':>9} {'ratio':>5} {'amp':>6}  plan"
@@ -159,6 +165,8 @@ def plan(ctx: click.Context, table: str, as_json: bool) -> None:
         s = p.stats
         if not p.worth_compacting:
             what = f"nothing: {p.reason}"
+        elif p.drop_paths or p.kind == Kind.EXPIRE:
+            what = f"{_expire_summary(p)}, benefit {p.benefit:.2f}; {p.reason}"
         elif p.is_tier:
             what = (
                 f"{len(p.delete_paths)} delete files over {len(p.covered_data_paths)} data files, "
@@ -195,6 +203,50 @@ def _manifests_doc(m: ManifestPlan | None) -> dict | None:
         "avg_entries": round(m.avg_entries, 2),
         "expected_outputs": m.expected_outputs,
     }
+
+
+def _expire_summary(p: PartitionPlan) -> str:
+    """What a data expiration of one partition would remove: files dropped unread, files rewritten."""
+    dropped = len(p.drop_paths)
+    return (
+        f"expire ~{p.expired_rows} row(s): {dropped} file(s) dropped unread, {p.input_files} file(s) "
+        f"rewritten in {len(p.groups)} group(s)"
+    )
+
+
+@main.command()
+@click.argument("table")
+@click.option("--partition", default=None, help="only this partition, by the key `plan` shows")
+@click.option("--dry-run", is_flag=True, help="show what would be expired; change nothing")
+@click.pass_context
+def expire(ctx: click.Context, table: str, partition: str | None, dry_run: bool) -> None:
+    """Drop TABLE's rows past retention now (compaction.expire.field, compaction.expire.retention-ms),
+    and nothing else: whole files past it by a metadata-only delete, the rest rewritten without them.
+    The same code path as the asset's (which runs expirations first); --dry-run only shows them."""
+    engine = _engine(ctx, read_only=dry_run)
+    if not dry_run:
+        outcomes = engine.expire(table, partition=partition)
+        expired = [o for o in outcomes if o.kind == Kind.EXPIRE]
+        _print_outcomes(expired)
+        if not expired:
+            click.echo(f"{table}: nothing past retention")
+        if not all(o.ok for o in outcomes):
+            sys.exit(1)
+        return
+    tplan = engine.plan(table, partition)
+    if isinstance(tplan.expire, str) or tplan.expire is None:
+        click.echo(f"{table}: {tplan.expire or 'expiration is off (set compaction.expire.field and retention-ms)'}")
+        return
+    plans = [p for p in tplan.to_compact if p.kind == Kind.EXPIRE]
+    click.echo(f"{table} @ snapshot {tplan.snapshot_id}: would expire rows where {tplan.expire.describe()}")
+    for p in plans:
+        click.echo(f"{p.partition_key or '(unpartitioned)'}: {_expire_summary(p)}")
+        for path in p.drop_paths:
+            click.echo(f"  drop     {path}")
+        for path in (path for g in p.groups for path in g.paths):
+            click.echo(f"  rewrite  {path}")
+    rows = sum(p.expired_rows for p in plans)
+    click.echo(f"{len(plans)} of {len(tplan.partitions)} partition(s) to expire, ~{rows} row(s) (estimated)")
 
 
 @main.command()
@@ -584,7 +636,9 @@ def _print_outcomes(outcomes: list[PartitionOutcome]) -> None:
             click.echo(
                 f"{where}: committed {o.kind}: {o.files_before} -> {o.files_after} files, "
                 f"{o.bytes_before} -> {o.bytes_after} bytes, {o.rows} rows, {o.groups} group(s), "
-                f"{o.seconds:.1f}s, snapshot {o.snapshot_id}" + (f", rewrite path {o.engine}" if o.engine else "")
+                f"{o.seconds:.1f}s, snapshot {o.snapshot_id}"
+                + (f", rewrite path {o.engine}" if o.engine else "")
+                + (f"; {o.reason}" if o.kind == Kind.EXPIRE else "")
             )
         else:
             click.echo(f"{where}: {o.status}: {o.reason}", err=o.status == "failed")

@@ -1,5 +1,9 @@
 """The compaction engine: plan a table, rewrite its fragmented partitions on Spark, commit in two
 phases. The CLI and the Dagster assets both call `Engine.compact`; nothing here imports Dagster.
+
+Data expiration is a plan kind like the others (planning/expiration.py): its dropped files are
+removed by the commit without being read, its other files are rewritten by the same Spark job with
+a row filter, and rows are accounted for: rows written = rows read - rows deleted - rows expired.
 """
 
 from __future__ import annotations
@@ -30,7 +34,14 @@ from compaction_assets.execution.packing import pack_tasks
 from compaction_assets.execution.polars_storage import S3_SCHEMES
 from compaction_assets.execution.rewrite import run_rewrite
 from compaction_assets.execution.spark import spark_session
-from compaction_assets.execution.worker import DeleteSpec, GroupOutcome, GroupSpec, RewriteJob, SourceFile
+from compaction_assets.execution.worker import (
+    DeleteSpec,
+    ExpireFilter,
+    GroupOutcome,
+    GroupSpec,
+    RewriteJob,
+    SourceFile,
+)
 from compaction_assets.faults import crash_point
 from compaction_assets.gc_pause import gc_paused
 from compaction_assets.lake.catalog import load_table, open_catalog
@@ -39,6 +50,7 @@ from compaction_assets.lake.deletes import global_spec_ids
 from compaction_assets.lake.features import refusal
 from compaction_assets.lake.files import LiveFile, live_files
 from compaction_assets.maintenance.gc import GcPolicy, GcReport, collect_garbage
+from compaction_assets.planning.expiration import ExpireRule, expire_rule
 from compaction_assets.planning.manifests import ManifestPlan, plan_manifests
 from compaction_assets.planning.planner import DeleteMap, FileGroup, FullClock, Kind, PartitionPlan, plan_table
 from compaction_assets.planning.policy import ENABLED_PROPERTY, Policy, resolve_policy
@@ -60,6 +72,7 @@ class TablePlan:
     # full optimizing: when a partition fully rewritten before comes due again (epoch ms), or None;
     # the table must be planned again then even if it did not change (the sensor does)
     replan_at_ms: int | None = None
+    expire: ExpireRule | str | None = None  # the expiration planned with (None: off; str: why it cannot run)
 
     @property
     def to_compact(self) -> list[PartitionPlan]:
@@ -93,7 +106,9 @@ class PartitionOutcome:
     files_written: int = 0
     rows: int = 0  # rows of the rewritten files (deleted ones included)
     deletes_applied: int = 0  # distinct delete files the rewrite applied
-    rows_deleted: int = 0  # rows the applied deletes removed (rows written = rows - rows_deleted)
+    rows_deleted: int = 0  # rows the applied deletes removed (rows written = rows - rows_deleted - rows_expired)
+    rows_expired: int = 0  # rows a data expiration dropped on purpose (dropped files' records included)
+    files_dropped: int = 0  # data files a data expiration removed by metadata, unread
     delete_files_removed: int = 0  # delete files the commit removed (none apply any more)
     groups: int = 0
     seconds: float = 0.0
@@ -129,11 +144,14 @@ class Engine:
         catalog: Catalog | None = None,
         ledger: Ledger | None = None,
         spark: Callable[[], SparkSession] | None = None,
+        clock: Callable[[], int] | None = None,
     ) -> None:
+        """`clock`: now, in epoch milliseconds, for data expiration's cutoff (default: the system's)."""
         self.config = config
         self.catalog = catalog or open_catalog(config.catalog)
         self.ledger = ledger or Ledger(config.state_uri)
         self._spark_factory = spark or (lambda: spark_session(config.spark))
+        self._clock = clock or (lambda: time.time_ns() // 1_000_000)
 
     def policy(self, table: Table, table_name: str) -> Policy:
         rule = self.config.rule_for(table_name)
@@ -155,10 +173,12 @@ class Engine:
         partition: str | None = None,
         task_id: str | None = None,
         partitions: Collection[str] | None = None,
+        kinds: Collection[Kind] | None = None,
     ) -> list[PartitionOutcome]:
         """Compact every partition worth it (or only `partition`, which must exist, or only those
-        of `partitions` the table has); one task attempt per partition, all in one Spark job and
-        one commit. With a `task_id`, a partition's attempts are that task's if it is the only one
+        of `partitions` the table has; only plans of `kinds`, if given); one task attempt per
+        partition, all in one Spark job and one commit (data expirations: one commit of their own).
+        With a `task_id`, a partition's attempts are that task's if it is the only one
         compacted and `partitions` names at most one, else task `<task_id>:<partition key>`.
 
         The driver's work allocates an object or more per source file (entries, plans, specs,
@@ -168,8 +188,13 @@ class Engine:
         table = load_table(self.catalog, table_name)
         tplan, files = self._plan(table, table_name, partition, partitions)
         plan_done = time.monotonic()
-        outcomes = [_skipped(table_name, p) for p in tplan.partitions if not p.worth_compacting]
-        todo = tplan.to_compact
+        todo = [p for p in tplan.to_compact if kinds is None or p.kind in kinds]
+        chosen = {id(p) for p in todo}
+        outcomes = [
+            _skipped(table_name, p, "" if not p.worth_compacting else f"planned {p.kind}, not run: {p.reason}")
+            for p in tplan.partitions
+            if id(p) not in chosen
+        ]
         if not todo:
             return outcomes
         log.info(
@@ -186,9 +211,10 @@ class Engine:
                 heartbeat.track(item.attempt.attempt_id)
             planned = time.monotonic()
             try:
-                spark = self._spark_factory()
+                # a Spark session only when there is data to read (an expiration may only drop files)
+                spark = self._spark_factory() if job.groups or tier_run.jobs else None
                 results = run_rewrite(spark, job) if job.groups else {}
-                tier_results = run_tiers(spark, tier_run)
+                tier_results = run_tiers(spark, tier_run) if tier_run.jobs else []
             except Exception as exc:
                 message = _first_line(exc)
                 for item in [*work, *tiers]:
@@ -233,6 +259,12 @@ class Engine:
             outcomes.extend(finished)
         return outcomes
 
+    def expire(
+        self, table_name: str, partition: str | None = None, task_id: str | None = None
+    ) -> list[PartitionOutcome]:
+        """Run only the data expirations of TABLE's plan (or of `partition`); the rest is skipped."""
+        return self.compact(table_name, partition=partition, task_id=task_id, kinds={Kind.EXPIRE})
+
     def recover(self) -> RecoveryReport:
         return recover(self.catalog, self.ledger, self.config.state.executing_timeout_seconds)
 
@@ -267,7 +299,8 @@ class Engine:
         in_flight = self.ledger.in_flight_sources(table_name)
         refused = refusal(table)
         clock = self._full_clock(table_name, policy)
-        plans = plan_table(files, policy, table.spec().spec_id, in_flight, deletes, refused, clock)
+        expire = expire_rule(table_name, table.schema(), policy, self._clock())
+        plans = plan_table(files, policy, table.spec().spec_id, in_flight, deletes, refused, clock, expire)
         top_level = {f.field_id for f in table.schema().fields}
         plans = [_unappliable(p, deletes, top_level) for p in plans]
         if partition is not None:
@@ -295,12 +328,13 @@ class Engine:
             deletes,
             manifests,
             replan_at,
+            expire,
         )
         return tplan, {f.path: f for f in files}
 
     def _full_clock(self, table_name: str, policy: Policy) -> FullClock:
         """Now, and when each partition last had a full rewrite committed (read only when full optimizing is on)."""
-        now_ms = int(time.time() * 1000)
+        now_ms = self._clock()
         if policy.full_trigger_interval_ms is None:
             return FullClock(now_ms)
         committed = self.ledger.last_committed(table_name, str(Kind.FULL))
@@ -445,6 +479,7 @@ class Engine:
         sort_columns = _sort_columns(table) if any(p.kind in sorted_kinds for p in todo) else []
         for plan in todo:
             out_dir = f"{data_path}/{plan.partition_key}" if plan.partition_key else data_path
+            dropped = [files[p] for p in plan.drop_paths]
             attempt = self._begin_attempt(
                 table_name,
                 tplan,
@@ -452,10 +487,13 @@ class Engine:
                 task,
                 out_dir,
                 plan.source_paths,
-                rows_in=sum(g.records for g in plan.groups),
-                bytes_in=plan.input_bytes,
+                rows_in=sum(g.records for g in plan.groups) + sum(f.record_count for f in dropped),
+                bytes_in=plan.input_bytes + sum(f.size for f in dropped),
             )
             item = _Work(plan, attempt)
+            expiry = None
+            if plan.kind == Kind.EXPIRE and isinstance(tplan.expire, ExpireRule):
+                expiry = ExpireFilter(tplan.expire.field_id, tplan.expire.cutoff)
             work.append(item)
             for group in plan.groups:
                 first = files[group.paths[0]].data_file
@@ -470,11 +508,14 @@ class Engine:
                         output_dir=out_dir,
                         file_prefix=attempt.attempt_id,
                         max_files=group.expected_outputs,
-                        # the Polars path applies no deletes, and writes a source file into one output
+                        # the Polars path applies no deletes and no expiration, and writes a source
+                        # file into one output
                         polars=not delete_specs
+                        and expiry is None
                         and plan.kind != Kind.SPLIT
                         and polars_rewrite.qualifies(table.metadata, table.io, sources, bool(sort_columns)),
                         deletes=delete_specs,
+                        expire=expiry,
                     )
                 )
         sizes = [sum(s.size for s in g.sources) for g in groups]
@@ -491,6 +532,9 @@ class Engine:
         """Precommit one partition: its result files are durable; PREPARED with their exact list.
         Returns its outcome: "prepared", or "failed" with the reason (the attempt then cleaned up)."""
         plan, attempt = item.plan, item.attempt
+        expiring = plan.kind == Kind.EXPIRE
+        dropped_rows = attempt.rows_in - sum(g.records for g in plan.groups)  # an expiration's unread files
+        expired_read = sum(r.rows_expired for r in results)
         outcome = _begun_outcome(
             attempt,
             plan,
@@ -499,6 +543,8 @@ class Engine:
             rows=attempt.rows_in,
             deletes_applied=len(item.deletes),
             rows_deleted=sum(r.rows_deleted for r in results),
+            rows_expired=dropped_rows + expired_read,
+            files_dropped=len(plan.drop_paths),
             groups=len(plan.groups),
             peak_worker_rss=max((r.peak_rss for r in results), default=0),
             engine="+".join(sorted({r.engine for r in results}, reverse=True)),
@@ -508,11 +554,16 @@ class Engine:
         rows_read = sum(r.rows_read for r in results)
         if errors := [r.error for r in results if r.error]:
             outcome.reason = errors[0]
-        elif rows_read != attempt.rows_in:
-            outcome.reason = f"row count mismatch: the sources hold {attempt.rows_in} rows, read {rows_read}"
-        elif rows_out != rows_read - outcome.rows_deleted:
+        elif rows_read != attempt.rows_in - dropped_rows:
             outcome.reason = (
-                f"row count mismatch: read {rows_read} rows, deletes removed {outcome.rows_deleted}, wrote {rows_out}"
+                f"row count mismatch: the sources hold {attempt.rows_in - dropped_rows} rows to read, read {rows_read}"
+            )
+        elif expired_read and not expiring:
+            outcome.reason = f"a {plan.kind} rewrite dropped {expired_read} row(s) as expired"
+        elif rows_out != rows_read - outcome.rows_deleted - expired_read:
+            outcome.reason = (
+                f"row count mismatch: read {rows_read} rows, deletes removed {outcome.rows_deleted}, "
+                f"expiration dropped {expired_read}, wrote {rows_out}"
             )
         if outcome.reason:
             outcome.reason = self._abandon(table, attempt, outcome.reason)
@@ -520,7 +571,11 @@ class Engine:
         bytes_out = sum(f.file_size_in_bytes for f in written)
         try:
             item.attempt = self.ledger.prepare(
-                attempt.attempt_id, [datafile_to_json(f) for f in written], rows_out, bytes_out
+                attempt.attempt_id,
+                [datafile_to_json(f) for f in written],
+                rows_out,
+                bytes_out,
+                rows_expired=outcome.rows_expired if expiring else None,
             )
         except StaleAttempt as exc:
             outcome.reason = self._abandon(table, attempt, f"stale: {exc}")
@@ -528,8 +583,8 @@ class Engine:
         crash_point("after_prepare")
         outcome.status = "prepared"
         outcome.files_written = len(written)
-        outcome.files_after = plan.stats.data_files - plan.input_files + len(written)
-        outcome.bytes_after = plan.stats.data_bytes - plan.input_bytes + bytes_out
+        outcome.files_after = plan.stats.data_files - len(plan.source_paths) + len(written)
+        outcome.bytes_after = plan.stats.data_bytes - attempt.bytes_in + bytes_out
         return outcome
 
     def _abandon(self, table: Table, attempt: Attempt, reason: str) -> str:
@@ -542,10 +597,16 @@ class Engine:
         return reason
 
     def _commit(self, table: Table, prepared: list[tuple[_Work, PartitionOutcome]]) -> None:
-        """Commit every prepared partition of the table in one snapshot; settle each outcome."""
+        """Commit every prepared partition of the table: the data expirations in one snapshot
+        (`delete` or `overwrite`), the compactions in another (`replace`); settle each outcome."""
         prepared = [(item, outcome) for item, outcome in prepared if outcome.status == "prepared"]
-        if not prepared:
-            return
+        expirations = [(item, outcome) for item, outcome in prepared if item.plan.kind == Kind.EXPIRE]
+        compactions = [(item, outcome) for item, outcome in prepared if item.plan.kind != Kind.EXPIRE]
+        for together in (expirations, compactions):
+            if together:
+                self._commit_together(table, together)
+
+    def _commit_together(self, table: Table, prepared: list[tuple[_Work, PartitionOutcome]]) -> None:
         results: dict[str, CommitResult] = {}
         unknown = None
         try:
@@ -571,6 +632,11 @@ class Engine:
                     outcome.reason = (
                         f"{len(item.plan.delete_paths)} delete file(s) -> {outcome.files_written} "
                         f"position-delete file(s) ({result.rows_out} row(s))"
+                    )
+                elif item.plan.kind == Kind.EXPIRE:
+                    outcome.reason = (
+                        f"{outcome.rows_expired} row(s) past retention expired: {outcome.files_dropped} file(s) "
+                        f"dropped unread, {item.plan.input_files} file(s) -> {outcome.files_written} file(s)"
                     )
                 else:
                     outcome.reason = f"{item.plan.input_files} file(s) -> {outcome.files_written} file(s)"

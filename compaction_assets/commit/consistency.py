@@ -4,7 +4,9 @@ For the run's attempts (per partition, for a run over several): each ended (no P
 EXECUTING left); a COMMITTED one has its snapshot, its result files (data or delete files) live
 and its replaced files gone, no file written by the attempt left untracked, and, if it rewrote
 data files, rows in = rows out (rows out <= rows in when the table had delete files the rewrite
-may have applied). For the partition: no PREPARED row, and no EXECUTING row whose process is gone
+may have applied). A data expiration drops rows on purpose, counted apart: rows in = rows out +
+rows expired (<= as above), its snapshot is no `replace` (readers would skip the change), and no
+other kind may have expired a row. For the partition: no PREPARED row, and no EXECUTING row whose process is gone
 or which has timed out, remains from any run.
 """
 
@@ -16,11 +18,11 @@ from dataclasses import dataclass, field
 
 from pyiceberg.manifest import DataFileContent
 from pyiceberg.table import Table
-from pyiceberg.table.snapshots import TOTAL_DELETE_FILES, Snapshot
+from pyiceberg.table.snapshots import TOTAL_DELETE_FILES, Operation, Snapshot
 
 from compaction_assets.commit.ledger import Attempt, Ledger, Status
 from compaction_assets.commit.recovery import orphaned_because
-from compaction_assets.commit.two_phase import commit_snapshot
+from compaction_assets.commit.two_phase import EXPIRE_KIND, commit_snapshot
 from compaction_assets.lake.files import live_files
 from compaction_assets.lake.storage import files_with_prefix
 
@@ -94,17 +96,25 @@ def _attempt_problems(table: Table, attempt: Attempt, live: dict) -> list[str]:
 
 
 def _rows_problem(table: Table, attempt: Attempt, snapshot: Snapshot | None) -> str | None:
-    """Rows in against rows out of a data rewrite: equal, unless the table had delete files before
-    the commit (the rewrite may have applied some: fewer rows out). Delete-file rewrites count
-    delete records, which a conversion may change: not checked."""
+    """Rows in against rows out (+ rows expired, for a data expiration) of a data rewrite: equal,
+    unless the table had delete files before the commit (the rewrite may have applied some: fewer
+    rows out). Delete-file rewrites count delete records, which a conversion may change: not checked."""
+    expired = attempt.rows_expired or 0
+    expiring = attempt.kind == EXPIRE_KIND
+    if expired and not expiring:
+        return f"a {attempt.kind} attempt dropped {expired} row(s) as expired"
+    summary = snapshot.summary if snapshot is not None else None
+    if expiring and summary is not None and summary.operation == Operation.REPLACE:
+        return f"a data expiration committed as operation {summary.operation}: readers skip it"
     if any(d["content"] != DataFileContent.DATA for d in attempt.result_files):
         return None
-    rows_in, rows_out = attempt.rows_in, attempt.rows_out or 0
+    rows_in, rows_out = attempt.rows_in, (attempt.rows_out or 0) + expired
     parent = None
     if snapshot is not None and snapshot.parent_snapshot_id is not None:
         parent = table.metadata.snapshot_by_id(snapshot.parent_snapshot_id)
-    summary = parent.summary if parent is not None else None
-    no_deletes = summary is not None and summary.get(TOTAL_DELETE_FILES) == "0"
+    before = parent.summary if parent is not None else None
+    no_deletes = before is not None and before.get(TOTAL_DELETE_FILES) == "0"
     if rows_out > rows_in or (no_deletes and rows_out != rows_in):
-        return f"rows in {rows_in} != rows out {rows_out}"
+        out = f"rows out {attempt.rows_out or 0} + rows expired {expired}" if expiring else f"rows out {rows_out}"
+        return f"rows in {rows_in} != {out}"
     return None

@@ -96,6 +96,8 @@ class AttemptRow(_Base):
     covered_files: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
     # delete files the commit removed, attributed to this attempt (COMMITTED only)
     removed_deletes: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
+    # rows of rows_in a data expiration dropped on purpose (kind expire; None: none expired)
+    rows_expired: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,7 @@ class Attempt:
     finished_at: dt.datetime | None
     covered_files: list[str] | None  # None: not recorded (see AttemptRow)
     removed_deletes: list[str]
+    rows_expired: int | None = None  # see AttemptRow
 
     @classmethod
     def _from_row(cls, row: AttemptRow) -> Attempt:
@@ -221,9 +224,12 @@ class Ledger:
         rows_out: int,
         bytes_out: int,
         covered_files: list[str] | None = None,
+        rows_expired: int | None = None,
     ) -> Attempt:
         """EXECUTING -> PREPARED with the exact result files (and, if given, the data files the
-        attempt covered, when only its run knows them: see `begin`); only for the task's latest attempt."""
+        attempt covered, when only its run knows them: see `begin`; for a data expiration, the rows
+        it dropped on purpose: rows_out = rows_in - rows deleted - rows_expired); only for the
+        task's latest attempt."""
         with Session(self._engine) as session, session.begin():
             row = session.get(AttemptRow, attempt_id)
             if row is not None and row.status == Status.EXECUTING:
@@ -242,6 +248,7 @@ class Ledger:
             rows_out=rows_out,
             bytes_out=bytes_out,
             **({} if covered_files is None else {"covered_files": covered_files}),
+            **({} if rows_expired is None else {"rows_expired": rows_expired}),
         )
 
     def mark_committed(

@@ -7,6 +7,13 @@ every source is still live and no position delete that can apply to one was adde
 attempt's base snapshot (Java's RewriteFiles); then COMMITTED.
 A commit that gives way deletes the attempt's own files and ends ROLLED_BACK.
 
+A data expiration (kind `expire`) changes the table's content, so its snapshot is no `replace`
+(readers and changelog scans skip those): it is a `delete` when it only removes files (whole files
+past retention, dropped by metadata) and an `overwrite` when it also adds the rewritten ones, as
+Java's engines do; same summary properties, same validation, same protocol. Expirations commit
+in snapshots of their own, never with compactions; recovery recommits one with the operation its
+files call for (snapshot_operation).
+
 Sources and results are data files (a rewrite) or delete files (the cheaper merge-on-read tiers:
 equality deletes converted to position deletes, position deletes combined). The snapshot also
 removes every delete file that the swap leaves applying to no live data file (dangling deletes),
@@ -109,6 +116,23 @@ def commit_snapshot(table: Table, attempt: Attempt) -> Snapshot | None:
 
 
 MAX_COMMIT_TRIES = 8
+EXPIRE_KIND = "expire"  # planning.planner.Kind.EXPIRE (commit/ does not import the planner)
+
+
+def snapshot_operation(attempts: Sequence[Attempt]) -> Operation:
+    """The operation of the snapshot committing `attempts`: `replace` for compactions (same rows);
+    for data expirations `delete` when nothing is added, else `overwrite`.
+
+    Raises:
+        ValueError: expirations and compactions mixed (they need snapshots of their own).
+    """
+    expiring = {a.kind == EXPIRE_KIND for a in attempts}
+    if len(expiring) > 1:
+        raise ValueError("data expirations and compactions commit in separate snapshots")
+    if expiring != {True}:
+        return Operation.REPLACE
+    return Operation.OVERWRITE if any(a.result_files for a in attempts) else Operation.DELETE
+
 
 CommitResult = Attempt | BackOff | StaleAttempt
 
@@ -127,8 +151,9 @@ def commit_prepared(table: Table, ledger: Ledger, attempt: Attempt) -> Attempt:
 def commit_together(
     table: Table, ledger: Ledger, attempts: Sequence[Attempt], results: dict[str, CommitResult]
 ) -> None:
-    """Swap sources for results of every PREPARED attempt of one table in one `replace` snapshot,
-    so partitions that finish together cost the table one commit, not one each.
+    """Swap sources for results of every PREPARED attempt of one table in one `replace` snapshot
+    (data expirations: `delete` or `overwrite`, see snapshot_operation; they may not be mixed with
+    compactions), so partitions that finish together cost the table one commit, not one each.
 
     `results` gets, per attempt id, the COMMITTED attempt, or the BackOff of an attempt that had
     to roll back, or the StaleAttempt of one another process ended. It is filled as attempts are
@@ -145,6 +170,7 @@ def commit_together(
     A COMMITTED attempt's `removed_deletes` lists the delete files its snapshot removed on its
     account: the delete files it replaced, and the dangling ones its swap left (see _RewriteFiles).
     """
+    snapshot_operation(attempts)  # refuses a mix of expirations and compactions before anything is done
     pending = list(attempts)
     peers = {a.attempt_id: a for a in attempts}
 
@@ -340,10 +366,11 @@ class _Rewrite:
 
 
 class _RewriteFiles(_OverwriteFiles):
-    """A `replace` snapshot with Iceberg RewriteFiles semantics (Java's BaseRewriteFiles and
-    MergingSnapshotProducer), built on pyiceberg 0.12's private _OverwriteFiles: pyiceberg 0.12
-    has no public producer for it (the upstream proposal, iceberg-python #3130 / PR #3131, adds
-    `UpdateSnapshot.replace()`; drop this class for it once released).
+    """A `replace` snapshot (a data expiration's: `delete` or `overwrite`) with Iceberg RewriteFiles
+    semantics (Java's BaseRewriteFiles and MergingSnapshotProducer), built on pyiceberg 0.12's
+    private _OverwriteFiles: pyiceberg 0.12 has no public producer for it (the upstream proposal,
+    iceberg-python #3130 / PR #3131, adds `UpdateSnapshot.replace()`; drop this class for it once
+    released).
 
     Validation, on every commit try (pyiceberg calls `_manifests` again on each of its retries,
     with the refreshed head as parent): every replaced file, data or delete, is live in the parent;
@@ -381,11 +408,14 @@ class _RewriteFiles(_OverwriteFiles):
     """
 
     def __init__(
-        self, transaction: Transaction, io: FileIO, rewrites: Sequence[_Rewrite], snapshot_properties: dict[str, str]
+        self,
+        transaction: Transaction,
+        io: FileIO,
+        rewrites: Sequence[_Rewrite],
+        snapshot_properties: dict[str, str],
+        operation: Operation = Operation.REPLACE,
     ) -> None:
-        super().__init__(
-            operation=Operation.REPLACE, transaction=transaction, io=io, snapshot_properties=snapshot_properties
-        )
+        super().__init__(operation=operation, transaction=transaction, io=io, snapshot_properties=snapshot_properties)
         self._rewrites = list(rewrites)
         self._data_sequence_numbers: dict[str, int | None] = {}
         self._dangling: list[DataFile] = []  # this try's
@@ -732,7 +762,8 @@ def _carried_totals(previous: Mapping[str, Any] | None, changes: Mapping[str, st
 
 
 def _commit_once(table: Table, attempts: Sequence[Attempt], live: dict[str, DataFile]) -> None:
-    """One commit of every attempt (pyiceberg retries it on a concurrent commit, see _RewriteFiles)."""
+    """One commit of every attempt (pyiceberg retries it on a concurrent commit, see _RewriteFiles),
+    as the snapshot operation they call for (snapshot_operation)."""
     properties = {
         TASK_ID_PROPERTY: ",".join(a.task_id for a in attempts),
         ATTEMPT_ID_PROPERTY: ",".join(a.attempt_id for a in attempts),
@@ -756,7 +787,7 @@ def _commit_once(table: Table, attempts: Sequence[Attempt], live: dict[str, Data
             )
         )
     txn = table.transaction()
-    with _RewriteFiles(txn, table.io, rewrites, properties):
+    with _RewriteFiles(txn, table.io, rewrites, properties, snapshot_operation(attempts)):
         pass
     txn.commit_transaction()
 

@@ -63,7 +63,8 @@ def check_spec(spec: AssetSpec) -> AssetCheckSpec:
             blocking=True,
             partitions_def=spec.partitions_def,
             description="The run's ledger rows are COMMITTED with their snapshot, result files live, replaced "
-            "files gone, rows in = rows out, nothing left PREPARED or untracked for the partition.",
+            "files gone, rows in = rows out (+ rows a data expiration dropped, never in a `replace` snapshot), "
+            "nothing left PREPARED or untracked for the partition.",
         )
 
 
@@ -197,6 +198,8 @@ def _metadata(o: PartitionOutcome, queue: str) -> dict:
         "rows": o.rows,
         "deletes_applied": o.deletes_applied,
         "rows_deleted": o.rows_deleted,
+        "rows_expired": o.rows_expired,
+        "files_dropped": o.files_dropped,
         "delete_files_removed": o.delete_files_removed,
         "groups": o.groups,
         "duration_s": round(o.seconds, 3),

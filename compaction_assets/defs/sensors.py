@@ -59,11 +59,13 @@ from compaction_assets.errors import CompactionError
 from compaction_assets.execution import connect_server
 from compaction_assets.execution.spark import require_server
 from compaction_assets.lake.catalog import load_table, managed_tables, metadata_locations
+from compaction_assets.planning.expiration import ExpireRule
 from compaction_assets.planning.manifests import ManifestPlan
 from compaction_assets.planning.planner import Kind, PartitionPlan
 from compaction_assets.planning.scheduling import MANIFESTS_KEY, Batch, Candidate, Decision, decide
 from compaction_assets.redact import redact
 
+EXPIRE_REPLAN_SECONDS = 600  # an unchanged table with data expiration on is planned again this often
 SKIPS_LOGGED = 20  # per reason: a table of thousands of waiting partitions logs these and a count
 IN_PROGRESS = [
     DagsterRunStatus.QUEUED,
@@ -91,7 +93,9 @@ class FragmentationCursor:
     partition has waited, with the benefit its plan had. A table is re-planned only when its
     metadata file (SQL catalogs: read for all tables in one query) or snapshot changed, or the
     config did; an unchanged table's deferred partitions are candidates again as they were
-    planned (a 200,000-file table is not re-planned every tick while its partitions queue)."""
+    planned (a 200,000-file table is not re-planned every tick while its partitions queue). A table
+    with data expiration on is also re-planned every EXPIRE_REPLAN_SECONDS: time alone moves rows
+    past retention."""
 
     snapshots: dict[str, int | None] = field(default_factory=dict)
     waiting: dict[str, float] = field(default_factory=dict)  # "table|partition" -> epoch seconds
@@ -100,6 +104,7 @@ class FragmentationCursor:
     benefits: dict[str, float] = field(default_factory=dict)  # "table|partition" (waiting) -> plan benefit
     # table -> epoch seconds when it must be planned again though unchanged (a full rewrite comes due)
     replan_at: dict[str, float] = field(default_factory=dict)
+    expiring: dict[str, float] = field(default_factory=dict)  # table with expiration on -> last planned, epoch s
 
     @staticmethod
     def parse(raw: str | None) -> "FragmentationCursor":
@@ -181,7 +186,7 @@ def evaluate_fragmentation(
         waiting = waiting_of.get(name, [])
         replayable = all(k in cursor.benefits for k in waiting)  # each waiting partition's planned benefit is kept
         replayable = replayable and now < cursor.replan_at.get(name, math.inf)  # no full rewrite came due
-
+        replayable = replayable and now - cursor.expiring.get(name, now) < EXPIRE_REPLAN_SECONDS
         known = locations is not None and name in cursor.versions
         if known and cursor.versions[name] == locations.get(name) and replayable:
             unchanged.append(name)
@@ -256,6 +261,10 @@ def evaluate_fragmentation(
             cursor.replan_at[name] = tplan.replan_at_ms / 1000
         else:
             cursor.replan_at.pop(name, None)
+        if isinstance(tplan.expire, ExpireRule):
+            cursor.expiring[name] = now
+        else:
+            cursor.expiring.pop(name, None)
     if candidates and (down := _spark_down(config)):
         summary = (
             f"evaluated {len(tables)} table(s): {len(candidates)} partition(s) worth compacting wait, none "

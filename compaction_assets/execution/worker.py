@@ -4,7 +4,9 @@ Reading (execution/source_reader.py) projects every source file onto the current
 Iceberg field id, as pyiceberg's ArrowScan does (renamed columns keep their values, added columns
 read as null, promoted types are cast); files that need no projection are scanned in bulk.
 Delete files listed for a source (merge-on-read) are applied to its batches as they stream
-(execution/deletes.py); a group with deletes never takes the Polars path. Writing goes through
+(execution/deletes.py); a group with deletes never takes the Polars path. A group of a data
+expiration drops the rows whose expire field is below the cutoff (NULLs kept) from the batches, after
+deletes, vectorised, and counts them (rows_expired); it never takes the Polars path either. Writing goes through
 pyiceberg's Parquet writer, so result files carry field ids and the column statistics pyiceberg
 computes. Both stream record batches: memory is bounded by one row-group buffer (plus the group's
 delete keys and positions), not by the size of the group.
@@ -42,7 +44,7 @@ MIN_BUFFER_BYTES = 64 * 1024  # ... and at least these (tiny targets: tests, dem
 ROW_GROUPS_PER_TARGET = 4  # a file rolls after a row group: a quarter of the target in Arrow bytes keeps it near
 RESULT_SCHEMA = (
     "group INT, data_files STRING, error STRING, rows_read BIGINT, bytes_read BIGINT, peak_rss BIGINT, engine STRING, "
-    "rows_deleted BIGINT, seconds DOUBLE"
+    "rows_deleted BIGINT, seconds DOUBLE, rows_expired BIGINT"
 )
 
 
@@ -67,6 +69,15 @@ class SourceFile:
 
 
 @dataclass(frozen=True)
+class ExpireFilter:
+    """A data expiration's row filter: rows whose field `field_id` is < `cutoff` (in the field's own
+    unit: planning/expiration.py) are dropped; NULLs are kept."""
+
+    field_id: int
+    cutoff: int
+
+
+@dataclass(frozen=True)
 class GroupSpec:
     """One file group: sources of one partition, where and how to name the results, which path."""
 
@@ -78,6 +89,7 @@ class GroupSpec:
     max_files: int  # roll to a new file at the target size only while fewer than this exist
     polars: bool  # the driver found the group fit for Polars (polars_rewrite.qualifies)
     deletes: list[DeleteSpec] = field(default_factory=list)  # delete files some of its sources need applied
+    expire: ExpireFilter | None = None  # a data expiration's group: rows past retention are dropped
 
 
 @dataclass(frozen=True)
@@ -104,6 +116,7 @@ class RewriteJob:
                     **g,
                     "sources": [SourceFile(**s) for s in g["sources"]],
                     "deletes": [DeleteSpec(**d) for d in g["deletes"]],
+                    "expire": ExpireFilter(**g["expire"]) if g.get("expire") else None,
                 }
             )
             for g in doc["groups"]
@@ -123,6 +136,7 @@ class GroupOutcome:
     engine: str = "arrow"  # polars (whole group in Polars) | arrow (pyarrow, per-file projection where needed)
     rows_deleted: int = 0  # rows of rows_read that deletes removed (rows written = rows_read - rows_deleted)
     seconds: float = 0.0  # spent in rewrite_group (the rest of a Spark job is dispatch and hand-off)
+    rows_expired: int = 0  # rows of rows_read a data expiration dropped (after deletes)
 
 
 def rewrite_partition_batches(job_json: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -146,6 +160,7 @@ def rewrite_partition_batches(job_json: str, batches: Iterator[pa.RecordBatch]) 
                         "engine": outcome.engine,
                         "rows_deleted": outcome.rows_deleted,
                         "seconds": seconds,
+                        "rows_expired": outcome.rows_expired,
                     }
                 ],
                 schema=_RESULT_ARROW_SCHEMA,
@@ -163,6 +178,7 @@ _RESULT_ARROW_SCHEMA = pa.schema(
         ("engine", pa.string()),
         ("rows_deleted", pa.int64()),
         ("seconds", pa.float64()),
+        ("rows_expired", pa.int64()),
     ]
 )
 
@@ -178,6 +194,7 @@ def outcome_from_row(row: dict) -> GroupOutcome:
         engine=row["engine"],
         rows_deleted=row["rows_deleted"],
         seconds=row["seconds"],
+        rows_expired=row["rows_expired"],
     )
 
 
@@ -197,8 +214,11 @@ def rewrite_group(job: RewriteJob, index: int) -> GroupOutcome:
     reader = SourceReader(metadata, io, spec.sources, partition, spec.spec_id, writer.convert, deletes)
     if (written := _rewrite_with_polars(spec, metadata, io, partition, reader, writer)) is not None:
         return GroupOutcome(index, written, None, sum(s.records for s in spec.sources), bytes_in, peak_rss(), "polars")
+    expiry = _Expiry(spec.expire, writer.file_schema.find_field(spec.expire.field_id).name) if spec.expire else None
     try:
         batches = reader.batches()
+        if expiry is not None:
+            batches = expiry.filter(batches)
         if job.sort_columns:
             batches = _sorted(batches, job.sort_columns)
         for batch in batches:
@@ -206,13 +226,42 @@ def rewrite_group(job: RewriteJob, index: int) -> GroupOutcome:
             if reader.rows_read >= spec.sources[0].records:  # decoded, so deletes cannot skip it
                 crash_point("worker_mid_group")
         written = writer.close()
+        expired = expiry.rows_expired if expiry else 0
         return GroupOutcome(
-            index, written, None, reader.rows_read, bytes_in, peak_rss(), rows_deleted=deletes.rows_deleted
+            index,
+            written,
+            None,
+            reader.rows_read,
+            bytes_in,
+            peak_rss(),
+            rows_deleted=deletes.rows_deleted,
+            rows_expired=expired,
         )
     except Exception as exc:  # reported to the driver, which fails the attempt with this message
         writer.abort()
         error = str(exc) if isinstance(exc, InputFileError) else repr(exc)
         return GroupOutcome(index, [], error, reader.rows_read, 0, peak_rss(), rows_deleted=deletes.rows_deleted)
+
+
+class _Expiry:
+    """Drops a data expiration's expired rows from batches in the file schema; counts them."""
+
+    def __init__(self, rule: ExpireFilter, column: str) -> None:
+        self._rule = rule
+        self._column = column
+        self.rows_expired = 0
+
+    def filter(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            values = batch.column(self._column)
+            if pa.types.is_integer(values.type):  # int and long hold epoch millis: compare as long
+                values = values.cast(pa.int64())
+            expired = pc.fill_null(pc.less(values, pa.scalar(self._rule.cutoff, values.type)), False)
+            if (count := pc.sum(expired).as_py() or 0) == 0:
+                yield batch
+                continue
+            self.rows_expired += count
+            yield batch.filter(pc.invert(expired))
 
 
 def _rewrite_with_polars(
@@ -225,7 +274,7 @@ def _rewrite_with_polars(
 ) -> list[DataFile] | None:
     """The group through Polars if the driver found it fit (see polars_rewrite); None: use the
     per-file path. Polars applies no deletes: a group with any never takes it, whatever the driver said."""
-    if not spec.polars or spec.deletes or any(s.deletes for s in spec.sources):
+    if not spec.polars or spec.deletes or spec.expire or any(s.deletes for s in spec.sources):
         return None
     try:
         footer = polars_rewrite.read_footer(io, spec.sources[0].path)

@@ -7,6 +7,15 @@ every undersized file (< min_target_size_ratio x target) in groups of at most ma
 writing target-size files. Files are grouped by partition id (spec id, typed values), never by
 their rendered key. Only files of the current spec that no running attempt holds are rewritten.
 
+Data expiration (planning/expiration.py) comes first: when `compaction.expire.field` and
+`compaction.expire.retention-ms` are both set, a partition with data files that hold rows past
+retention gets kind `expire`, whatever else it needs: its files whose every row expired are
+dropped by a metadata-only delete (`drop_paths`, never read; a partition whose files all go is
+dropped whole), the files with some expired rows are rewritten without them (`groups`, deletes
+applying to them applied as in any rewrite). Files of every spec count, those a running attempt
+holds do not. A rule the caller could not resolve (its column is not in the current schema)
+stops the tier: the reason says so and the other kinds plan as usual.
+
 Merge-on-read. Which live delete files apply to which data file is the spec's exact rule
 (lake.deletes.ApplyingDeletes, in `DeleteMap`); a rewrite applies them (the worker does) and
 writes only live rows. Per partition the planner measures the delete load (`PartitionStats`) and
@@ -53,7 +62,11 @@ whose rewrite merges a few 1 MiB files. Full: FULL_WEIGHT (0.5) x that formula (
 and reads saved, per MiB of the whole partition read): hygiene, so it ranks below a
 fragmentation-driven plan of the same size, and reading the partition's large files too lowers it
 further. Split: SPLIT_WEIGHT (0.1) x files added per MiB read (reads parallelise over more files):
-a 4 x target file at 128 MiB gives 0.0006, below any plan that removes files.
+a 4 x target file at 128 MiB gives 0.0006, below any plan that removes files. An expiration's
+benefit is EXPIRE_BENEFIT (100) + MiB freed (bytes of the dropped files, plus the estimated expired
+share of the rewritten ones): rows past retention are a promise to the table's users, so it sits
+at the top of the sensor's scale (benefit points 99, scheduling.benefit_points) and, among
+expirations, the most bytes go first.
 
 Table-level: the manifest rewrite (kind rewrite-manifests) is planned from the manifest list, not
 per partition, with its own benefit, 0.1 x manifests removed per MiB of manifests read (planning/
@@ -71,6 +84,7 @@ from typing import Protocol
 from pyiceberg.manifest import DataFile, DataFileContent
 
 from compaction_assets.lake.deletes import ApplyingDeletes
+from compaction_assets.planning.expiration import ExpireRule, Verdict
 from compaction_assets.planning.policy import MiB, Policy
 
 # Benefit points for reads saved: a partition whose readers decode twice the rows they return
@@ -80,6 +94,7 @@ CONVERSION_MAX_COST_SHARE = 0.25  # an equality-delete conversion must read < 1/
 FULL_WEIGHT = 0.5  # a full rewrite's benefit, relative to a fragmentation-driven plan's (hygiene)
 SPLIT_WEIGHT = 0.1  # a split's benefit per file added, relative to a file removed
 SPLIT_SPREAD_MAX = 1.1  # a split's remainder is spread over the other outputs while they stay within 1.1 x target
+EXPIRE_BENEFIT = 100.0  # an expiration's base benefit (the module doc): above the sensor's top benefit points
 
 
 class Kind(StrEnum):
@@ -225,7 +240,9 @@ class FileGroup:
 class PartitionPlan:
     """What to do to one partition. A data rewrite (minor, major) has `groups`; a tier has
     `delete_paths` (the delete files it replaces) and `covered_data_paths` (the data files they
-    apply to, which the tier reads but does not rewrite), and no groups."""
+    apply to, which the tier reads but does not rewrite), and no groups. An expiration has
+    `drop_paths` (data files removed by metadata), `groups` (files rewritten without expired rows),
+    or both, and `expired_rows` (estimated: the dropped files' rows and a share of the others')."""
 
     stats: PartitionStats
     kind: Kind | None
@@ -234,6 +251,8 @@ class PartitionPlan:
     benefit: float = 0.0  # see _benefit
     delete_paths: tuple[str, ...] = ()
     covered_data_paths: tuple[str, ...] = ()
+    drop_paths: tuple[str, ...] = ()
+    expired_rows: int = 0
 
     @property
     def partition_key(self) -> str:
@@ -241,7 +260,7 @@ class PartitionPlan:
 
     @property
     def worth_compacting(self) -> bool:
-        return bool(self.groups or self.delete_paths)
+        return bool(self.groups or self.delete_paths or self.drop_paths)
 
     @property
     def is_tier(self) -> bool:
@@ -257,7 +276,8 @@ class PartitionPlan:
 
     @property
     def source_paths(self) -> list[str]:
-        return [p for g in self.groups for p in g.paths]
+        """The data files the plan replaces: rewritten (groups) or dropped."""
+        return [*(p for g in self.groups for p in g.paths), *self.drop_paths]
 
 
 @dataclass(frozen=True)
@@ -330,13 +350,16 @@ def plan_partition(
     deletes: DeleteMap | None = None,
     refused: str = "",
     clock: FullClock | None = None,
+    expire: ExpireRule | str | None = None,
 ) -> PartitionPlan:
-    """Decide a data rewrite, a cheaper tier or nothing for one partition (see the module doc).
+    """Decide an expiration, a data rewrite, a cheaper tier or nothing for one partition (see the
+    module doc).
 
     `deletes`: which delete files apply to which data files, for the whole table (global deletes
     live in another partition); None: computed from `files` alone. A non-empty `refused` is why
     the table is not compacted at all: the plan is nothing, with that reason. `clock`: when the
-    partition was last fully rewritten; None: full optimizing is not considered."""
+    partition was last fully rewritten; None: full optimizing is not considered. `expire`: the
+    table's expiration rule, None when off, or why it cannot run (added to the reason)."""
     deletes = deletes if deletes is not None else DeleteMap.of(files)
     stats = partition_stats(partition_key, files, policy, deletes)
     if refused:
@@ -345,6 +368,13 @@ def plan_partition(
     if not policy.enabled:
         paused = "compaction is paused for this table (compaction.enabled=false)"
         return PartitionPlan(stats, None, reason=f"{paused}; {load}")
+    if isinstance(expire, ExpireRule):
+        expiring = _plan_expire(stats, files, policy, in_flight, expire)
+        if isinstance(expiring, PartitionPlan):
+            return replace(expiring, reason=f"{expiring.reason}; {load}")
+        load = f"{expiring}; {load}" if expiring else load
+    elif expire:
+        load = f"{expire}; {load}"
     full = _plan_full(stats, files, policy, current_spec_id, in_flight, deletes, clock)
     if isinstance(full, PartitionPlan):
         return replace(full, reason=f"{full.reason}; {load}")
@@ -373,10 +403,11 @@ def plan_table(
     deletes: DeleteMap | None = None,
     refused: str = "",
     clock: FullClock | None = None,
+    expire: ExpireRule | str | None = None,
 ) -> list[PartitionPlan]:
     """Plan every partition (files grouped by partition id); best benefit first, then partition key.
     `deletes`: DeleteMap.of(files) when None (the engine passes the one it also builds jobs from).
-    `clock`: see plan_partition (the engine always passes one).
+    `clock`, `expire`: see plan_partition (the engine always passes a clock).
 
     Raises:
         ValueError: two partitions share a key (keys must be injective: the CLI, the ledger and
@@ -391,7 +422,7 @@ def plan_table(
     if clashes := sorted(k for k, n in keys.items() if n > 1):
         raise ValueError(f"partition key {clashes[0]!r} names {keys[clashes[0]]} different partitions")
     plans = [
-        plan_partition(v[0].partition_key, v, policy, current_spec_id, in_flight, deletes, refused, clock)
+        plan_partition(v[0].partition_key, v, policy, current_spec_id, in_flight, deletes, refused, clock, expire)
         for v in by_partition.values()
     ]
     return sorted(plans, key=lambda p: (-p.benefit, p.partition_key))
@@ -484,6 +515,49 @@ def _split_outputs(data_bytes: int, policy: Policy) -> int:
     if data_bytes / whole < min(SPLIT_SPREAD_MAX * target, policy.split_above_bytes):
         return whole
     return whole + 1
+
+
+def _plan_expire(
+    stats: PartitionStats,
+    files: Sequence[FileStat],
+    policy: Policy,
+    in_flight: Collection[str],
+    rule: ExpireRule,
+) -> PartitionPlan | str:
+    """An expiration, or why not ("" when no row of the partition is past retention)."""
+    data = [f for f in files if not f.is_delete]
+    verdicts = {f.path: rule.verdict(f.data_file) for f in data}
+    expiring = [f for f in data if verdicts[f.path] != Verdict.KEEP]
+    todo = [f for f in expiring if f.path not in in_flight]
+    busy = len(expiring) - len(todo)
+    held = f"{busy} file(s) with rows past retention held by a running attempt" if busy else ""
+    if not todo:
+        return f"{Kind.EXPIRE}: {held}, not expired now" if held else ""
+    drops = sorted((f for f in todo if verdicts[f.path] == Verdict.DROP), key=lambda f: f.path)
+    rewrites = [f for f in todo if verdicts[f.path] == Verdict.REWRITE]
+    groups = tuple(_to_group(b, policy) for b in _bin_pack(rewrites, policy.target_file_size_bytes))
+    dropped_rows = sum(f.record_count for f in drops)
+    estimates = {f.path: rule.estimated_rows(f.data_file) for f in rewrites}
+    if len(drops) == len(data):
+        why = f"whole partition past retention: its {len(drops)} file(s) ({dropped_rows} rows) dropped by metadata"
+    else:
+        parts = [f"{len(drops)} file(s) ({dropped_rows} rows) dropped by metadata"] if drops else []
+        if rewrites:
+            parts.append(
+                f"{len(rewrites)} file(s) ({sum(f.record_count for f in rewrites)} rows, ~{sum(estimates.values())} "
+                "expired, estimated from bounds) rewritten without expired rows"
+            )
+        why = "; ".join(parts)
+    plan = PartitionPlan(
+        stats,
+        Kind.EXPIRE,
+        groups,
+        reason=f"{Kind.EXPIRE}: {rule.describe()}: {why}" + (f"; {held}" if held else ""),
+        drop_paths=tuple(f.path for f in drops),
+        expired_rows=dropped_rows + sum(estimates.values()),
+    )
+    freed = sum(f.size for f in drops) + sum(f.size * estimates[f.path] / max(f.record_count, 1) for f in rewrites)
+    return replace(plan, benefit=EXPIRE_BENEFIT + freed / MiB)
 
 
 def _plan_rewrite(

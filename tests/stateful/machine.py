@@ -12,6 +12,12 @@ DuckDB's Iceberg scan and pyiceberg (with partition and data-column filters) whi
 equality deletes (pyiceberg refuses them, DuckDB 1.4.4 mis-reads some: tests/test_lakekit.py).
 Recovery runs as the recovery job does, with a 0 s timeout so this process's attempts count as dead.
 
+Data expiration (issue 20) is the one change of ours that removes rows: a rule turns it on (on the
+`at` timestamptz or on `id` read as epoch millis, with a cutoff inside the rows written so far, the
+engine's clock fixed at NOW) or off. When an expire snapshot lands (committed, or recommitted by
+recovery), the oracle drops exactly the rows of that attempt's source files whose field was below
+the cutoff in force when it was planned: rows appended meanwhile, NULLs and other files stay.
+
 Storage: the warehouse is a local folder, or (STATEFUL_STORAGE=s3, with `TableHistory.s3` set by the
 test) a fresh prefix per history on the local S3 server (compaction_assets/local_s3.py), reached
 through the catalog's s3.* properties by pyiceberg, the Spark workers' FileIO and DuckDB's httpfs.
@@ -59,6 +65,7 @@ from pyiceberg.types import (
 from compaction_assets import faults
 from compaction_assets.commit.ledger import OPEN, Status
 from compaction_assets.commit.recovery import recover as recover_attempts
+from compaction_assets.commit.two_phase import commit_snapshot
 from compaction_assets.config import load_config
 from compaction_assets.demo import append_fragments
 from compaction_assets.engine import Engine
@@ -95,6 +102,9 @@ SCHEMA = Schema(
     ),
 )
 EPOCH = datetime(2024, 1, 1, tzinfo=UTC)
+EPOCH_MS = int(EPOCH.timestamp() * 1000)
+NOW_MS = EPOCH_MS + 365 * 86_400_000  # the engine's clock: data expiration's cutoff = NOW_MS - retention
+EXPIRE_FIELDS = {"at": AT, "id": ID}  # timestamptz, and a long read as epoch millis
 BY_REGION = PartitionSpec(PartitionField(source_id=REGION, field_id=1000, transform=IdentityTransform(), name="region"))
 # Exploring past a known failure: STATEFUL_SKIP=add_files_file1,race_expire,crash_after_prepare,... turns
 # those steps into no-ops; region_null_string leaves 'null' out of the partition values.
@@ -156,6 +166,7 @@ class Figures:
     races: Counter[str] = field(default_factory=Counter)
     outcomes: Counter[str] = field(default_factory=Counter)
     rows_checked: int = 0
+    rows_expired: int = 0  # rows the oracle dropped because an expire snapshot landed
     lost: int = 0
     duplicated: int = 0
     resurrected: int = 0
@@ -168,7 +179,8 @@ class Figures:
 
     def summary(self) -> str:
         lines = [
-            f"histories={self.histories} steps={self.steps} rows_checked={self.rows_checked}",
+            f"histories={self.histories} steps={self.steps} rows_checked={self.rows_checked} "
+            f"rows_expired={self.rows_expired}",
             f"lost={self.lost} duplicated={self.duplicated} resurrected_or_corrupt={self.resurrected}",
             "rules: " + ", ".join(f"{k}={v}" for k, v in sorted(self.rules.items())),
             "crashes: " + ", ".join(f"{k}={v}" for k, v in sorted(self.crashes.items())),
@@ -214,12 +226,18 @@ class TableHistory(RuleBasedStateMachine):
             gc={"max_snapshot_age_hours": 0, "min_snapshots_to_keep": 1, "orphan_grace_hours": 0},
             **extra,
         )
-        self.engine = Engine(load_config(config), spark=lambda: self.spark)
+        self.engine = Engine(load_config(config), spark=lambda: self.spark, clock=lambda: NOW_MS)
         self.engine.catalog.create_namespace("ns")
         self.engine.catalog.create_table(TABLE, schema=SCHEMA, partition_spec=BY_REGION)
         self.oracle = Oracle()
         self.next_id = 0
         self.pending_recovery = False
+        self.expiry: tuple[int, Any] | None = (
+            None  # data expiration in force: (field id, cutoff as the oracle holds it)
+        )
+        self.expirations: dict[str, tuple[int, Any]] = {}  # expire attempt id -> the expiry it was planned with
+        self.settled: set[str] = set()  # expire attempts the oracle has accounted for (or never will: ended)
+        self.seen: dict[str, DataFile] = {}  # data files live before one of our compactions, by path
         FIGURES.histories += 1
 
     # ----------------------------------------------------------------- helpers (other engines)
@@ -358,6 +376,7 @@ class TableHistory(RuleBasedStateMachine):
     # ----------------------------------------------------------------- our engine
 
     def _compact(self, partition_pick: int | None) -> None:
+        self.seen.update((f.file_path, f) for f in self._live_data_files(self.table()))
         partition = None
         if partition_pick is not None:
             todo = self.engine.plan(TABLE).to_compact
@@ -397,6 +416,24 @@ class TableHistory(RuleBasedStateMachine):
             yield
         finally:
             Table._do_commit = original  # type: ignore[method-assign]
+
+    def _settle_expirations(self) -> None:
+        """Account in the oracle for every expire snapshot that landed: each new expire attempt is
+        tied to the expiry in force (attempts begin inside the step just run); one a snapshot
+        carries (or the ledger calls COMMITTED) drops its source files' rows below the cutoff."""
+        table = self.table()
+        for attempt in self.engine.ledger.attempts(table_name=TABLE):
+            if attempt.kind != "expire" or attempt.attempt_id in self.settled:
+                continue
+            assert self.expiry is not None or attempt.attempt_id in self.expirations, "expired while off"
+            field_id, cutoff = self.expirations.setdefault(attempt.attempt_id, self.expiry)  # type: ignore[arg-type]
+            if attempt.status in (Status.FAILED, Status.ROLLED_BACK):
+                self.settled.add(attempt.attempt_id)
+            elif attempt.status == Status.COMMITTED or commit_snapshot(table, attempt) is not None:
+                ids = [i for p in attempt.source_files for i in read_column(table, self.seen[p], ID, "id")]
+                gone = [i for i in ids if i in self.oracle.rows and _below(self.oracle.rows[i].get(field_id), cutoff)]
+                FIGURES.rows_expired += self.oracle.delete(gone)
+                self.settled.add(attempt.attempt_id)
 
     # ----------------------------------------------------------------- rules
 
@@ -596,6 +633,48 @@ class TableHistory(RuleBasedStateMachine):
         if report.status == "committed" and not race:
             assert _live_entries(self.table()) == before
 
+    def _set_expiration(self, column: str | None, below: int) -> None:
+        """Data expiration on `column` (None: off) with the cutoff `below`: `id` below it, or `at`
+        before EPOCH + that many seconds (row n's `at` is about EPOCH + n s)."""
+        table = self.table()
+        with table.transaction() as txn:
+            if column is None:
+                if "compaction.expire.field" in table.properties:
+                    txn.remove_properties("compaction.expire.field", "compaction.expire.retention-ms")
+                self.expiry = None
+                return
+            cutoff_ms = below if column == "id" else EPOCH_MS + below * 1000
+            txn.set_properties(
+                {"compaction.expire.field": column, "compaction.expire.retention-ms": str(NOW_MS - cutoff_ms)}
+            )
+        self.expiry = (ID, below) if column == "id" else (AT, EPOCH + timedelta(seconds=below))
+
+    @initialize(column=st.sampled_from([None, None, *sorted(EXPIRE_FIELDS)]), below=st.integers(0, 40))
+    def expiration_from_the_start(self, column: str | None, below: int) -> None:
+        """Half the histories start with data expiration on (a cutoff among the first rows' ids and times)."""
+        if column is not None and self._count("expiration_from_the_start"):
+            self._set_expiration(column, below)
+
+    @rule(column=st.none() | st.sampled_from(sorted(EXPIRE_FIELDS)), pick=st.integers(0, 1000))
+    def tune_expiration(self, column: str | None, pick: int) -> None:
+        """Data expiration on (a cutoff inside the rows written so far) or off."""
+        if self._count("tune_expiration_off" if column is None else "tune_expiration_on"):
+            self._set_expiration(column, pick % (self.next_id + 1))
+
+    @precondition(lambda self: self.expiry is not None)
+    @rule(pick=st.none() | st.integers(0, 50))
+    def expire_rows_now(self, pick: int | None) -> None:
+        """`compaction-assets expire`: only the expirations of the plan run (of one partition, or all)."""
+        if not self._count("expire_rows_now"):
+            return
+        self.seen.update((f.file_path, f) for f in self._live_data_files(self.table()))
+        plans = [p for p in self.engine.plan(TABLE).to_compact if p.kind == "expire"]
+        partition = plans[pick % len(plans)].partition_key if plans and pick is not None else None
+        for outcome in self.engine.expire(TABLE, partition=partition):
+            assert outcome.kind == "expire" or outcome.status == "skipped", outcome
+            if outcome.status == "committed":
+                FIGURES.outcomes["committed expire (expire command)"] += 1
+
     @rule()
     def expire_snapshots_by_another_engine(self) -> None:
         if not self._count("expire"):
@@ -653,6 +732,7 @@ class TableHistory(RuleBasedStateMachine):
     def rows_equal_the_oracle(self) -> None:
         """The spec reader always; DuckDB and pyiceberg (with filters) where they can read the table:
         pyiceberg refuses equality deletes, DuckDB 1.4.4 loses rows on some (tests/test_lakekit.py)."""
+        self._settle_expirations()
         table = self.table()
         schema = table.schema()
         expected = self.oracle.view(schema)
@@ -734,6 +814,11 @@ def _typed_values(n: int) -> dict[int, Any]:
         TAGS: None if n % 7 == 0 else [] if n % 7 == 1 else [f"t{n % 3}", None if n % 4 == 0 else f"é{n}"],
         POINT: None if n % 4 == 0 else {"x": n % 10, "label": None if n % 3 == 0 else f"l{n}"},
     }
+
+
+def _below(value: Any, cutoff: Any) -> bool:
+    """Past retention: a value below the cutoff (NULL never is)."""
+    return value is not None and value < cutoff
 
 
 def _identity_only(table: Table) -> bool:
