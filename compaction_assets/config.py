@@ -48,6 +48,7 @@ class PolicyConfig(_Strict):
     zorder_columns: list[str] | None = None
     expire_field: str | None = None
     expire_retention_ms: PositiveInt | None = None
+    rewrite_old_specs: bool | None = None
 
 
 class CatalogConfig(_Strict):

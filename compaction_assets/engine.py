@@ -399,7 +399,9 @@ class Engine:
         groups: list[GroupSpec] = []
         sort_columns = _sort_columns(table) if any(p.kind == Kind.MAJOR for p in todo) else []
         for plan in todo:
-            out_dir = f"{data_path}/{plan.partition_key}" if plan.partition_key else data_path
+            # an old-spec rewrite writes a folder per partition of the current spec below the data folder
+            repartition = plan.kind == Kind.OLD_SPEC
+            out_dir = f"{data_path}/{plan.partition_key}" if plan.partition_key and not repartition else data_path
             attempt = self._begin_attempt(
                 table_name,
                 tplan,
@@ -425,10 +427,12 @@ class Engine:
                         output_dir=out_dir,
                         file_prefix=attempt.attempt_id,
                         max_files=group.expected_outputs,
-                        # the Polars path does not apply deletes
+                        # the Polars path does not apply deletes, nor split rows by partition
                         polars=not delete_specs
+                        and not repartition
                         and polars_rewrite.qualifies(table.metadata, table.io, sources, bool(sort_columns)),
                         deletes=delete_specs,
+                        output_spec_id=table.spec().spec_id if repartition else None,
                     )
                 )
         sizes = [sum(s.size for s in g.sources) for g in groups]

@@ -39,6 +39,7 @@ class Policy:
     zorder_columns: tuple[str, ...] = ()  # clustering: z-order over these columns (else the table's sort order)
     expire_field: str | None = None  # data expiration: rows whose value of this column is older than
     expire_retention_ms: int | None = None  # now - retention are dropped
+    rewrite_old_specs: bool = True  # files of an earlier partition spec are rewritten into the current one
 
     @property
     def split_above_bytes(self) -> int:
@@ -83,6 +84,7 @@ TABLE_PROPERTIES = {
     "compaction.zorder-columns": ("zorder_columns", _parse_columns),
     "compaction.expire.field": ("expire_field", str),
     "compaction.expire.retention-ms": ("expire_retention_ms", int),
+    "compaction.rewrite-old-specs": ("rewrite_old_specs", _parse_bool),
 }
 
 
