@@ -5,23 +5,49 @@ Iceberg reader, and each output file's partition values against the rows it hold
 
 from __future__ import annotations
 
+import math
+import struct
 from collections import Counter
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
 from pyiceberg.expressions import BooleanExpression, EqualTo, GreaterThanOrEqual, LessThan
+from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.update.spec import UpdateSpec
-from pyiceberg.transforms import BucketTransform, DayTransform, IdentityTransform, MonthTransform
-from pyiceberg.types import IntegerType, LongType, NestedField, StringType, TimestampType
-from pyiceberg.utils.datetime import datetime_to_micros
+from pyiceberg.transforms import (
+    BucketTransform,
+    DayTransform,
+    IdentityTransform,
+    MonthTransform,
+    TruncateTransform,
+    VoidTransform,
+)
+from pyiceberg.types import (
+    DateType,
+    DoubleType,
+    IntegerType,
+    LongType,
+    NestedField,
+    StringType,
+    StructType,
+    TimestampType,
+)
+from pyiceberg.utils.datetime import date_to_days, datetime_to_micros
 
+from compaction_assets import faults
+from compaction_assets.commit.consistency import check_consistency
+from compaction_assets.commit.ledger import Status
+from compaction_assets.commit.recovery import recover
 from compaction_assets.demo import append_fragments
+from compaction_assets.execution.partitioning import split_by_partition
 from compaction_assets.lake.files import live_files
+from compaction_assets.lake.partition_key import partition_id
 from compaction_assets.planning.planner import Kind
 from tests.lakekit.deletes import commit_delete_files, equality_delete_file, position_delete_file, read_column
 from tests.lakekit.duckdb_reader import duckdb_rows
@@ -137,12 +163,13 @@ def _internal(value: object) -> object:
     return datetime_to_micros(value) if isinstance(value, datetime) else value
 
 
-def assert_partitions_match_rows(table: Table) -> int:
-    """Every live data file is of the current spec, and each of its rows' values under that spec's
-    transforms (pyiceberg's Python transforms, not the Arrow ones the rewrite used) are its partition
-    tuple. Returns the number of files checked."""
+def assert_partitions_match_rows(table: Table, only_spec: int | None = None) -> int:
+    """Every live data file (or every one of spec `only_spec`) is of the current spec, and each of its
+    rows' values under that spec's transforms (pyiceberg's Python transforms, not the Arrow ones the
+    rewrite used) are its partition tuple. Returns the number of files checked."""
     spec, schema = table.spec(), table.schema()
     files = [f.data_file for f in live_files(table) if not f.is_delete]
+    files = [f for f in files if only_spec is None or f.spec_id == only_spec]
     for data_file in files:
         assert data_file.spec_id == spec.spec_id, f"{data_file.file_path} is of spec {data_file.spec_id}"
         for position, partition_field in enumerate(spec.fields):
@@ -241,8 +268,6 @@ def test_old_spec_rewrite_applies_the_deletes_of_its_files(lake):
 def test_equality_delete_added_after_the_base_in_the_old_partition_makes_the_rewrite_back_off(lake):
     """An equality delete committed meanwhile in the old partition would apply to the replaced rows
     but not to their new files (another partition): the commit must give way, not resurrect rows."""
-    from compaction_assets import faults
-
     table = lake.catalog.create_table("ns.t", schema=SCHEMA, partition_spec=BY_REGION)
     _write(table, 0, files_per_region=2)
     table = lake.table("ns.t")
@@ -265,11 +290,8 @@ def test_equality_delete_added_after_the_base_in_the_old_partition_makes_the_rew
     table = lake.table("ns.t")
     assert not any(r["region"] == "us" and r["cat"] == 1 for r in spec_rows(table))
     # nothing of the rolled-back attempt is left in the new partitions' folders
-    data = table.location().removeprefix("file://") + "/data"
-    from pathlib import Path
-
-    attempt = lake.engine.ledger.attempts(table_name="ns.t")[-1]
-    assert not [p for p in Path(data).rglob(f"{attempt.attempt_id}*")]
+    [attempt] = lake.engine.ledger.attempts(table_name="ns.t")
+    assert attempt.status == Status.ROLLED_BACK and _attempt_files(table, attempt.attempt_id) == []
 
 
 def test_old_spec_rewrite_is_off_with_the_table_property(lake):
@@ -282,3 +304,114 @@ def test_old_spec_rewrite_is_off_with_the_table_property(lake):
     plans = lake.engine.plan("ns.t").partitions
     assert plans and all(p.kind is None for p in plans)
     assert all("compaction.rewrite-old-specs=false" in p.reason for p in plans)
+
+
+def _evolved_table(lake) -> tuple[Table, Counter]:
+    """ns.t: files by region, then identity(cat) added; returns the table and its rows."""
+    table = lake.catalog.create_table("ns.t", schema=SCHEMA, partition_spec=BY_REGION)
+    _write(table, 0, files_per_region=2)
+    table = lake.table("ns.t")
+    with table.update_spec() as update:
+        update.add_identity("cat")
+    table = lake.table("ns.t")
+    return table, _scan_rows(table)
+
+
+def _attempt_files(table: Table, attempt_id: str) -> list[Path]:
+    return sorted(Path(table.location().removeprefix("file://"), "data").rglob(f"{attempt_id}*"))
+
+
+def test_crash_before_prepare_is_abandoned_and_its_files_in_every_new_partition_swept(lake):
+    table, expected = _evolved_table(lake)
+    faults.arm("after_rewrite")
+    try:
+        with pytest.raises(faults.InjectedCrash):
+            lake.engine.compact("ns.t", partition="spec-0:region=eu")
+    finally:
+        faults.disarm()
+    [attempt] = lake.engine.ledger.attempts(table_name="ns.t", statuses=[Status.EXECUTING])
+    written = _attempt_files(table, attempt.attempt_id)
+    assert len({p.parent for p in written}) == 4  # cat=0, 1, 2 and NULL below region=eu
+
+    report = recover(lake.engine.catalog, lake.engine.ledger, 0)
+    assert report.abandoned == [attempt.attempt_id] and not report.errors
+    assert _attempt_files(table, attempt.attempt_id) == []
+    table = lake.table("ns.t")
+    assert _scan_rows(table) == expected
+    assert [p.kind for p in lake.engine.plan("ns.t", "spec-0:region=eu").partitions] == [Kind.OLD_SPEC]
+
+
+@pytest.mark.parametrize("point", ["after_prepare", "after_iceberg_commit"])
+def test_crash_after_prepare_is_recommitted_or_confirmed_with_each_files_spec_and_partition(lake, point):
+    table, expected = _evolved_table(lake)
+    current = table.spec().spec_id
+    faults.arm(point)
+    try:
+        with pytest.raises(faults.InjectedCrash):
+            lake.engine.compact("ns.t", partition="spec-0:region=us")
+    finally:
+        faults.disarm()
+    [attempt] = lake.engine.ledger.attempts(table_name="ns.t", statuses=[Status.PREPARED])
+    # the ledger keeps each result file's own spec id and partition: what a recommit commits
+    assert {d["spec_id"] for d in attempt.result_files} == {current}
+    assert {d["partition"][1] for d in attempt.result_files} == {0, 1, 2, None}
+    assert all(d["partition"][0] == "us" for d in attempt.result_files)
+
+    report = recover(lake.engine.catalog, lake.engine.ledger, 0)
+    assert (report.recommitted if point == "after_prepare" else report.confirmed) == [attempt.attempt_id]
+    table = lake.table("ns.t")
+    assert _scan_rows(table) == expected
+    assert Counter(row_key(r) for r in duckdb_rows(table)) == expected
+    assert not [f for f in live_files(table) if f.partition_key == "spec-0:region=us"]
+    assert_partitions_match_rows(lake.table("ns.t"), only_spec=current)
+    [done] = lake.engine.ledger.attempts(table_name="ns.t")
+    assert done.status == Status.COMMITTED
+    report = check_consistency(table, lake.engine.ledger, "spec-0:region=us", done.task_id, 60)
+    assert report.passed, report.problems
+
+
+def _bits(value: object) -> object:
+    return ("float", struct.pack(">d", value)) if isinstance(value, float) else value
+
+
+def test_rows_are_split_into_their_partitions_each_exactly_once():
+    """The split on its own, over the awkward values: NaN (one partition), -0.0 and 0.0 (two), NULL,
+    a source inside a struct, bucket, truncate, month of a date, a void field."""
+    schema = Schema(
+        NestedField(1, "f", DoubleType(), required=False),
+        NestedField(2, "st", StructType(NestedField(3, "x", StringType(), required=False)), required=False),
+        NestedField(4, "d", DateType(), required=False),
+        NestedField(5, "n", LongType(), required=False),
+    )
+    spec = PartitionSpec(
+        PartitionField(1, 1000, IdentityTransform(), "f"),
+        PartitionField(3, 1001, TruncateTransform(1), "x_trunc"),
+        PartitionField(4, 1002, MonthTransform(), "d_month"),
+        PartitionField(5, 1003, BucketTransform(3), "n_bucket"),
+        PartitionField(5, 1004, VoidTransform(), "n_void"),
+    )
+    floats = [math.nan, float("nan"), -0.0, 0.0, None, 1.5, -0.0, 0.0]
+    strings = [{"x": "ab"}, None, {"x": None}, {"x": "bc"}, {"x": "ab"}, {"x": "b"}, None, {"x": "bz"}]
+    dates = [date(2024, 1, 1), None, date(2024, 3, 1), date(2024, 1, 31)] * 2
+    longs = [1, 2, None, 4, 5, 6, 7, 8]
+    batch = pa.RecordBatch.from_pydict(
+        {"f": floats, "st": strings, "d": dates, "n": longs},
+        schema=schema_to_pyarrow(schema, include_field_ids=False),
+    )
+    parts = split_by_partition(batch, spec, schema)
+    assert sorted(n for _, b in parts for n in b.column("n").to_pylist() if n is not None) == [1, 2, 4, 5, 6, 7, 8]
+    assert sum(b.num_rows for _, b in parts) == batch.num_rows
+    assert len({partition_id(0, record) for record, _ in parts}) == len(parts)
+    sources = [(1, "f"), (3, None), (4, "d"), (5, "n"), (5, "n")]
+    for record, rows in parts:
+        table = rows.to_pydict()
+        for i in range(rows.num_rows):
+            for position, (source_id, column) in enumerate(sources):
+                value = (
+                    table["st"][i]["x"] if column is None and table["st"][i] else table[column][i] if column else None
+                )
+                if source_id == 4 and value is not None:
+                    value = date_to_days(value)
+                partition_field = spec.fields[position]
+                want = partition_field.transform.transform(schema.find_field(source_id).field_type)(value)
+                assert _bits(want) == _bits(record[position]), (record, table, i, position)
