@@ -18,6 +18,7 @@ from compaction_assets.config import load_config
 from compaction_assets.engine import Engine, PartitionOutcome
 from compaction_assets.errors import CatalogError, CompactionError, ConfigError
 from compaction_assets.lake.catalog import TableNotFound
+from compaction_assets.planning.planner import Kind
 from compaction_assets.redact import RedactingFilter, redact
 
 if TYPE_CHECKING:
@@ -529,7 +530,9 @@ def _print_outcomes(outcomes: list[PartitionOutcome]) -> None:
             click.echo(
                 f"{where}: committed {o.kind}: {o.files_before} -> {o.files_after} files, "
                 f"{o.bytes_before} -> {o.bytes_after} bytes, {o.rows} rows, {o.groups} group(s), "
-                f"{o.seconds:.1f}s, snapshot {o.snapshot_id}" + (f", rewrite path {o.engine}" if o.engine else "")
+                f"{o.seconds:.1f}s, snapshot {o.snapshot_id}"
+                + (f", rewrite path {o.engine}" if o.engine else "")
+                + (f"; {o.reason}" if o.kind == Kind.OLD_SPEC else "")  # where the files went
             )
         else:
             click.echo(f"{where}: {o.status}: {o.reason}", err=o.status == "failed")

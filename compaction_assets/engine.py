@@ -4,6 +4,7 @@ phases. The CLI and the Dagster assets both call `Engine.compact`; nothing here 
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
@@ -486,8 +487,10 @@ class Engine:
         crash_point("after_prepare")
         outcome.status = "prepared"
         outcome.files_written = len(written)
-        outcome.files_after = plan.stats.data_files - plan.input_files + len(written)
-        outcome.bytes_after = plan.stats.data_bytes - plan.input_bytes + bytes_out
+        # an old-spec rewrite moves its rows out of the partition, into the current spec's partitions
+        moved = plan.kind == Kind.OLD_SPEC
+        outcome.files_after = plan.stats.data_files - plan.input_files + (0 if moved else len(written))
+        outcome.bytes_after = plan.stats.data_bytes - plan.input_bytes + (0 if moved else bytes_out)
         return outcome
 
     def _abandon(self, table: Table, attempt: Attempt, reason: str) -> str:
@@ -529,6 +532,14 @@ class Engine:
                     outcome.reason = (
                         f"{len(item.plan.delete_paths)} delete file(s) -> {outcome.files_written} "
                         f"position-delete file(s) ({result.rows_out} row(s))"
+                    )
+                elif item.plan.kind == Kind.OLD_SPEC:
+                    written = item.attempt.result_files
+                    partitions = len({json.dumps(d["partition"]) for d in written})
+                    outcome.reason = (
+                        f"{item.plan.input_files} file(s) of spec {', '.join(map(str, item.plan.stats.spec_ids))} -> "
+                        f"{outcome.files_written} file(s) in {partitions} partition(s) of spec "
+                        f"{', '.join(sorted({str(d['spec_id']) for d in written}))}"
                     )
                 else:
                     outcome.reason = f"{item.plan.input_files} file(s) -> {outcome.files_written} file(s)"

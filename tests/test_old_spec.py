@@ -256,6 +256,8 @@ def test_old_spec_rewrite_applies_the_deletes_of_its_files(lake):
     outcomes = {o.partition_key: o for o in lake.engine.compact("ns.t")}
     eu_outcome = outcomes["spec-0:region=eu"]
     assert eu_outcome.status == "committed" and eu_outcome.deletes_applied == 2
+    assert (eu_outcome.files_before, eu_outcome.files_after) == (2, 0)
+    assert eu_outcome.reason.startswith("2 file(s) of spec 0 -> 3 file(s) in 3 partition(s) of spec 1")
     assert eu_outcome.delete_files_removed == 2
     table = lake.table("ns.t")
     assert not [f for f in live_files(table) if f.is_delete]
@@ -415,3 +417,11 @@ def test_rows_are_split_into_their_partitions_each_exactly_once():
                 partition_field = spec.fields[position]
                 want = partition_field.transform.transform(schema.find_field(source_id).field_type)(value)
                 assert _bits(want) == _bits(record[position]), (record, table, i, position)
+
+
+def test_cli_plan_shows_old_spec_with_its_reason(lake):
+    _evolved_table(lake)
+    shown = lake.cli("plan", "ns.t")
+    assert shown.returncode == 0, shown.stderr
+    [line] = [ln for ln in shown.stdout.splitlines() if ln.startswith("spec-0:region=eu ")]
+    assert "2 files in 1 group(s)" in line and "old-spec: 2 file(s) of spec 0, not the current spec 1" in line
