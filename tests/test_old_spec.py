@@ -46,6 +46,7 @@ from compaction_assets.commit.ledger import Status
 from compaction_assets.commit.recovery import recover
 from compaction_assets.demo import append_fragments
 from compaction_assets.execution.partitioning import split_by_partition
+from compaction_assets.execution.worker import MAX_BUFFER_BYTES, GroupSpec, PartitionedWriter
 from compaction_assets.lake.files import live_files
 from compaction_assets.lake.partition_key import partition_id
 from compaction_assets.planning.planner import Kind
@@ -135,6 +136,12 @@ EVOLUTIONS: dict[str, tuple[PartitionSpec, int, Callable[[UpdateSpec], None], Bo
         2,
         _day_to_month,
         GreaterThanOrEqual("ts", "2024-02-01T00:00:00"),
+    ),
+    "day_to_month_v1": (  # the day field stays, void, beside the month field on the same column
+        _spec((4, DayTransform(), "ts_day")),
+        1,
+        _day_to_month,
+        LessThan("ts", "2024-02-01T00:00:00"),
     ),
     "identity_to_bucket": (BY_REGION, 2, _identity_to_bucket, EqualTo("region", "eu")),
     "unpartitioned_to_partitioned": (PartitionSpec(), 2, _partition, EqualTo("region", "us")),
@@ -425,3 +432,30 @@ def test_cli_plan_shows_old_spec_with_its_reason(lake):
     assert shown.returncode == 0, shown.stderr
     [line] = [ln for ln in shown.stdout.splitlines() if ln.startswith("spec-0:region=eu ")]
     assert "2 files in 1 group(s)" in line and "old-spec: 2 file(s) of spec 0, not the current spec 1" in line
+
+
+def test_partitioned_writer_keeps_all_partitions_buffers_within_one_row_group_budget(lake):
+    """Many output partitions (bucket 16) and batches of several MiB: the buffers of all the
+    partitions' writers together never exceed MAX_BUFFER_BYTES; every row is written once."""
+    spec = _spec((1, BucketTransform(16), "id_bucket"))
+    table = lake.catalog.create_table("ns.w", schema=SCHEMA, partition_spec=spec)
+    group = GroupSpec(
+        sources=[],
+        partition=[],
+        spec_id=0,
+        output_dir=f"{table.location()}/data",
+        file_prefix="attempt",
+        max_files=1,
+        polars=False,
+        output_spec_id=spec.spec_id,
+    )
+    writer = PartitionedWriter(table.io, table.metadata, group, 64 * 2**20, 0)
+    rows = 0
+    for n in range(12):
+        arrow = _rows(n * 40_000, 40_000, "x" * 100)  # ~4 MiB a batch
+        writer.write(writer.convert(arrow.to_batches()[0]))
+        rows += arrow.num_rows
+        assert sum(w.buffered for w in writer._writers.values()) <= MAX_BUFFER_BYTES
+    written = writer.close()
+    assert sum(f.record_count for f in written) == rows
+    assert {f.partition[0] for f in written} == set(range(16)) and {f.spec_id for f in written} == {spec.spec_id}

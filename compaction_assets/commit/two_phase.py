@@ -288,6 +288,8 @@ def _delete_conflict(
                 f"position delete file {applying[0].file_path}, added after the base snapshot, can apply to "
                 f"source {data_file.file_path}: rewriting it would bring deleted rows back"
             )
+    if not results:
+        return None
     sources = {partition_id(f.spec_id, f.partition) for f in replaced}
     if all(partition_id(f.spec_id, f.partition) in sources for f in results):
         return None

@@ -8,6 +8,11 @@ Delete files listed for a source (merge-on-read) are applied to its batches as t
 pyiceberg's Parquet writer, so result files carry field ids and the column statistics pyiceberg
 computes. Both stream record batches: memory is bounded by one row-group buffer (plus the group's
 delete keys and positions), not by the size of the group.
+
+An old-spec group (`output_spec_id` set) is read as any group, under its sources' own partition
+and spec, and written by a PartitionedWriter: each batch split by the partitions of the output
+spec (execution/partitioning), a RollingWriter per partition, all buffers within one row-group
+budget.
 """
 
 from __future__ import annotations
@@ -205,7 +210,7 @@ def rewrite_group(job: RewriteJob, index: int) -> GroupOutcome:
         return GroupOutcome(index, written, None, sum(s.records for s in spec.sources), bytes_in, peak_rss(), "polars")
     try:
         batches = reader.batches()
-        if job.sort_columns:
+        if job.sort_columns and spec.output_spec_id is None:  # an old-spec group streams, unsorted
             batches = _sorted(batches, job.sort_columns)
         for batch in batches:
             writer.write(batch)
