@@ -205,12 +205,16 @@ def test_old_spec_files_are_rewritten_into_the_current_spec(lake, evolution):
     with table.update_spec() as update:
         evolve(update)
     table = lake.table("ns.t")
-    _write(table, next_id, files_per_region=1)  # a few files of the new spec too
+    # a few files of the new spec too (pyiceberg 0.12 refuses to append under a spec with two
+    # fields on one column, as the v1 day -> month spec has)
+    new_files = evolution != "day_to_month_v1"
+    if new_files:
+        _write(table, next_id, files_per_region=1)
     table = lake.table("ns.t")
     current = table.spec().spec_id
     assert current != old_spec
     expected = _scan_rows(table)
-    assert sum(expected.values()) == 12 * 3 * 3
+    assert sum(expected.values()) == 12 * 3 * (3 if new_files else 2)
 
     plans = lake.engine.plan("ns.t").partitions
     old = [p for p in plans if p.stats.spec_ids == (old_spec,)]
@@ -459,3 +463,27 @@ def test_partitioned_writer_keeps_all_partitions_buffers_within_one_row_group_bu
     written = writer.close()
     assert sum(f.record_count for f in written) == rows
     assert {f.partition[0] for f in written} == set(range(16)) and {f.spec_id for f in written} == {spec.spec_id}
+
+
+def test_an_old_spec_whose_source_column_was_dropped_is_rewritten(lake):
+    """Another engine removed cat from the spec, then dropped the column: the old spec's files are
+    read under their own spec (its field's source is gone from the current schema) and rewritten."""
+    both = _spec((2, IdentityTransform(), "region"), (3, IdentityTransform(), "cat"))
+    table = lake.catalog.create_table("ns.t", schema=SCHEMA, partition_spec=both)
+    _write(table, 0, files_per_region=1)
+    with lake.table("ns.t").update_spec() as update:
+        update.remove_field("cat")
+    with lake.table("ns.t").update_schema() as update:
+        update.delete_column("cat")
+    table = lake.table("ns.t")
+    expected = Counter(row_key(r) for r in spec_rows(table))
+
+    outcomes = lake.engine.compact("ns.t")
+
+    assert outcomes and {(o.kind, o.status) for o in outcomes} == {("old-spec", "committed")}, [
+        (o.partition_key, o.reason) for o in outcomes
+    ]
+    table = lake.table("ns.t")
+    assert Counter(row_key(r) for r in spec_rows(table)) == expected
+    assert Counter(row_key(r) for r in duckdb_rows(table)) == expected
+    assert assert_partitions_match_rows(table) == 12  # a file per old partition (region, cat)
