@@ -194,6 +194,17 @@ def _scan_rows(table: Table, row_filter: BooleanExpression | None = None) -> Cou
     return Counter(row_key(r) for r in scan.to_arrow().to_pylist())
 
 
+def _evolved_table(lake) -> tuple[Table, Counter]:
+    """ns.t: files by region, then identity(cat) added; returns the table and its rows."""
+    table = lake.catalog.create_table("ns.t", schema=SCHEMA, partition_spec=BY_REGION)
+    _write(table, 0, files_per_region=2)
+    table = lake.table("ns.t")
+    with table.update_spec() as update:
+        update.add_identity("cat")
+    table = lake.table("ns.t")
+    return table, _scan_rows(table)
+
+
 @pytest.mark.parametrize("evolution", sorted(EVOLUTIONS))
 def test_old_spec_files_are_rewritten_into_the_current_spec(lake, evolution):
     initial, version, evolve, row_filter = EVOLUTIONS[evolution]
@@ -281,12 +292,7 @@ def test_old_spec_rewrite_applies_the_deletes_of_its_files(lake):
 def test_equality_delete_added_after_the_base_in_the_old_partition_makes_the_rewrite_back_off(lake):
     """An equality delete committed meanwhile in the old partition would apply to the replaced rows
     but not to their new files (another partition): the commit must give way, not resurrect rows."""
-    table = lake.catalog.create_table("ns.t", schema=SCHEMA, partition_spec=BY_REGION)
-    _write(table, 0, files_per_region=2)
-    table = lake.table("ns.t")
-    with table.update_spec() as update:
-        update.add_identity("cat")
-    table = lake.table("ns.t")
+    table, _ = _evolved_table(lake)
     some = next(f.data_file for f in live_files(table) if f.partition_key == "spec-0:region=us")
 
     def concurrent_delete() -> None:
@@ -319,29 +325,23 @@ def test_old_spec_rewrite_is_off_with_the_table_property(lake):
     assert all("compaction.rewrite-old-specs=false" in p.reason for p in plans)
 
 
-def _evolved_table(lake) -> tuple[Table, Counter]:
-    """ns.t: files by region, then identity(cat) added; returns the table and its rows."""
-    table = lake.catalog.create_table("ns.t", schema=SCHEMA, partition_spec=BY_REGION)
-    _write(table, 0, files_per_region=2)
-    table = lake.table("ns.t")
-    with table.update_spec() as update:
-        update.add_identity("cat")
-    table = lake.table("ns.t")
-    return table, _scan_rows(table)
-
-
 def _attempt_files(table: Table, attempt_id: str) -> list[Path]:
     return sorted(Path(table.location().removeprefix("file://"), "data").rglob(f"{attempt_id}*"))
 
 
-def test_crash_before_prepare_is_abandoned_and_its_files_in_every_new_partition_swept(lake):
-    table, expected = _evolved_table(lake)
-    faults.arm("after_rewrite")
+def _crash_at(lake, point: str, partition: str) -> None:  # noqa: ANN001
+    """Compact `partition`, the process 'crashing' at `point` (the attempt left as a crash leaves it)."""
+    faults.arm(point)
     try:
         with pytest.raises(faults.InjectedCrash):
-            lake.engine.compact("ns.t", partition="spec-0:region=eu")
+            lake.engine.compact("ns.t", partition=partition)
     finally:
         faults.disarm()
+
+
+def test_crash_before_prepare_is_abandoned_and_its_files_in_every_new_partition_swept(lake):
+    table, expected = _evolved_table(lake)
+    _crash_at(lake, "after_rewrite", "spec-0:region=eu")
     [attempt] = lake.engine.ledger.attempts(table_name="ns.t", statuses=[Status.EXECUTING])
     written = _attempt_files(table, attempt.attempt_id)
     assert len({p.parent for p in written}) == 4  # cat=0, 1, 2 and NULL below region=eu
@@ -358,12 +358,7 @@ def test_crash_before_prepare_is_abandoned_and_its_files_in_every_new_partition_
 def test_crash_after_prepare_is_recommitted_or_confirmed_with_each_files_spec_and_partition(lake, point):
     table, expected = _evolved_table(lake)
     current = table.spec().spec_id
-    faults.arm(point)
-    try:
-        with pytest.raises(faults.InjectedCrash):
-            lake.engine.compact("ns.t", partition="spec-0:region=us")
-    finally:
-        faults.disarm()
+    _crash_at(lake, point, "spec-0:region=us")
     [attempt] = lake.engine.ledger.attempts(table_name="ns.t", statuses=[Status.PREPARED])
     # the ledger keeps each result file's own spec id and partition: what a recommit commits
     assert {d["spec_id"] for d in attempt.result_files} == {current}
