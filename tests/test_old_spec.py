@@ -48,7 +48,7 @@ from compaction_assets.demo import append_fragments
 from compaction_assets.execution.partitioning import split_by_partition
 from compaction_assets.execution.worker import MAX_BUFFER_BYTES, GroupSpec, PartitionedWriter
 from compaction_assets.lake.files import live_files
-from compaction_assets.lake.partition_key import partition_id
+from compaction_assets.lake.partition_key import NULL_TOKEN, partition_id
 from compaction_assets.planning.planner import Kind
 from tests.lakekit.deletes import commit_delete_files, equality_delete_file, position_delete_file, read_column
 from tests.lakekit.duckdb_reader import duckdb_rows
@@ -482,3 +482,29 @@ def test_an_old_spec_whose_source_column_was_dropped_is_rewritten(lake):
     assert Counter(row_key(r) for r in spec_rows(table)) == expected
     assert Counter(row_key(r) for r in duckdb_rows(table)) == expected
     assert assert_partitions_match_rows(table) == 12  # a file per old partition (region, cat)
+
+
+def _objects(s3, table: Table, attempt_id: str) -> list[str]:
+    """Keys below the table's data folder on the S3 server named after the attempt (listed by boto3)."""
+    prefix = table.location().removeprefix(f"s3://{s3.bucket}/") + "/data/"
+    pages = s3.client().get_paginator("list_objects_v2").paginate(Bucket=s3.bucket, Prefix=prefix)
+    keys = [o["Key"] for page in pages for o in page.get("Contents", [])]
+    return [k for k in keys if k.rsplit("/", 1)[1].startswith(attempt_id)]
+
+
+def test_old_spec_on_s3_writes_each_partitions_folder_and_sweeps_an_abandoned_attempt(s3_lake, s3_server):
+    table, expected = _evolved_table(s3_lake)
+    _crash_at(s3_lake, "after_rewrite", "spec-0:region=eu")
+    [attempt] = s3_lake.engine.ledger.attempts(table_name="ns.t", statuses=[Status.EXECUTING])
+    assert len(_objects(s3_server, table, attempt.attempt_id)) == 4
+    assert recover(s3_lake.engine.catalog, s3_lake.engine.ledger, 0).abandoned == [attempt.attempt_id]
+    assert _objects(s3_server, table, attempt.attempt_id) == []
+
+    outcomes = s3_lake.engine.compact("ns.t")
+
+    assert {(o.kind, o.status) for o in outcomes} == {("old-spec", "committed")}
+    table = s3_lake.table("ns.t")
+    assert _scan_rows(table) == expected
+    assert Counter(row_key(r) for r in duckdb_rows(table)) == expected
+    assert assert_partitions_match_rows(table) == 12  # (eu, us, NULL) x (cat 0, 1, 2, NULL)
+    assert {f.path.rsplit("/", 2)[1] for f in live_files(table)} == {"cat=0", "cat=1", "cat=2", f"cat={NULL_TOKEN}"}
