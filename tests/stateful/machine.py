@@ -370,6 +370,8 @@ class TableHistory(RuleBasedStateMachine):
             if outcome.status == "committed":
                 FIGURES.outcomes[f"committed {outcome.kind}"] += 1
                 FIGURES.outcomes[f"rewritten by {outcome.engine or 'none'}"] += 1
+            elif outcome.kind == "old-spec":  # e.g. a raced equality delete in the old partition
+                FIGURES.outcomes[f"{outcome.status} old-spec"] += 1
 
     @contextmanager
     def _race(self, at: str, action: Callable[[], None]) -> Iterator[None]:
