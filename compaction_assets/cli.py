@@ -638,7 +638,7 @@ def _print_outcomes(outcomes: list[PartitionOutcome]) -> None:
                 f"{o.bytes_before} -> {o.bytes_after} bytes, {o.rows} rows, {o.groups} group(s), "
                 f"{o.seconds:.1f}s, snapshot {o.snapshot_id}"
                 + (f", rewrite path {o.engine}" if o.engine else "")
-                + (f"; {o.reason}" if o.kind == Kind.EXPIRE else "")
+                + (f"; {o.reason}" if o.kind in (Kind.EXPIRE, Kind.OLD_SPEC) else "")  # what went, where
             )
         else:
             click.echo(f"{where}: {o.status}: {o.reason}", err=o.status == "failed")

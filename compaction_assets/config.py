@@ -49,6 +49,7 @@ class PolicyConfig(_Strict):
     expire_field: str | None = None
     expire_retention_ms: PositiveInt | None = None
     rewrite_manifests_min_count: Annotated[int, Field(ge=2)] | None = None
+    rewrite_old_specs: bool | None = None
 
 
 class CatalogConfig(_Strict):

@@ -8,6 +8,7 @@ a row filter, and rows are accounted for: rows written = rows read - rows delete
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
@@ -478,7 +479,9 @@ class Engine:
         sorted_kinds = (Kind.MAJOR, Kind.FULL)  # in the table's sort order (a job of neither keeps row order)
         sort_columns = _sort_columns(table) if any(p.kind in sorted_kinds for p in todo) else []
         for plan in todo:
-            out_dir = f"{data_path}/{plan.partition_key}" if plan.partition_key else data_path
+            # an old-spec rewrite writes a folder per partition of the current spec below the data folder
+            repartition = plan.kind == Kind.OLD_SPEC
+            out_dir = f"{data_path}/{plan.partition_key}" if plan.partition_key and not repartition else data_path
             dropped = [files[p] for p in plan.drop_paths]
             attempt = self._begin_attempt(
                 table_name,
@@ -508,14 +511,16 @@ class Engine:
                         output_dir=out_dir,
                         file_prefix=attempt.attempt_id,
                         max_files=group.expected_outputs,
-                        # the Polars path applies no deletes and no expiration, and writes a source
-                        # file into one output
+                        # the Polars path applies no deletes and no expiration, writes a source file
+                        # into one output, and does not split rows by partition
                         polars=not delete_specs
                         and expiry is None
                         and plan.kind != Kind.SPLIT
+                        and not repartition
                         and polars_rewrite.qualifies(table.metadata, table.io, sources, bool(sort_columns)),
                         deletes=delete_specs,
                         expire=expiry,
+                        output_spec_id=table.spec().spec_id if repartition else None,
                     )
                 )
         sizes = [sum(s.size for s in g.sources) for g in groups]
@@ -583,8 +588,10 @@ class Engine:
         crash_point("after_prepare")
         outcome.status = "prepared"
         outcome.files_written = len(written)
-        outcome.files_after = plan.stats.data_files - len(plan.source_paths) + len(written)
-        outcome.bytes_after = plan.stats.data_bytes - attempt.bytes_in + bytes_out
+        # an old-spec rewrite moves its rows out of the partition, into the current spec's partitions
+        moved = plan.kind == Kind.OLD_SPEC
+        outcome.files_after = plan.stats.data_files - len(plan.source_paths) + (0 if moved else len(written))
+        outcome.bytes_after = plan.stats.data_bytes - attempt.bytes_in + (0 if moved else bytes_out)
         return outcome
 
     def _abandon(self, table: Table, attempt: Attempt, reason: str) -> str:
@@ -637,6 +644,14 @@ class Engine:
                     outcome.reason = (
                         f"{outcome.rows_expired} row(s) past retention expired: {outcome.files_dropped} file(s) "
                         f"dropped unread, {item.plan.input_files} file(s) -> {outcome.files_written} file(s)"
+                    )
+                elif item.plan.kind == Kind.OLD_SPEC:
+                    written = item.attempt.result_files
+                    partitions = len({json.dumps(d["partition"]) for d in written})
+                    outcome.reason = (
+                        f"{item.plan.input_files} file(s) of spec {', '.join(map(str, item.plan.stats.spec_ids))} -> "
+                        f"{outcome.files_written} file(s) in {partitions} partition(s) of spec "
+                        f"{', '.join(sorted({str(d['spec_id']) for d in written}))}"
                     )
                 else:
                     outcome.reason = f"{item.plan.input_files} file(s) -> {outcome.files_written} file(s)"

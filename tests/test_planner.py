@@ -127,14 +127,54 @@ def test_a_delete_file_that_applies_to_no_file_of_the_partition_is_no_obstacle()
     assert plan.stats.delete_files == 1 and "deletes: none apply" in plan.reason
 
 
-def test_old_spec_and_in_flight_files_are_not_candidates():
+def test_old_spec_and_in_flight_files_are_no_minor_candidates():
     old = [F(f"old{i}", 10 * KB, spec_id=1) for i in range(10)]
     current = fragments(6)
     plan = plan_partition("p=1", old + current, POLICY, current_spec_id=0, in_flight={current[0].path})
     assert plan.kind == Kind.MINOR
     assert set(plan.source_paths) == {f.path for f in current[1:]}
-    nothing = plan_partition("p=1", old, POLICY, current_spec_id=0)
-    assert not nothing.worth_compacting and "older spec" in nothing.reason
+
+
+def old_spec(n: int, size: int = 10 * KB, key: str = "p=1", spec_id: int = 1) -> list[F]:
+    return [F(f"s3://b/t/old/{key}/f{i:04d}.parquet", size, partition_key=key, spec_id=spec_id) for i in range(n)]
+
+
+@pytest.mark.parametrize(
+    ("files", "in_flight", "groups"),
+    [
+        (old_spec(1), 0, [1]),  # one file is enough: the point is the spec
+        (old_spec(1, 900 * KB), 0, [1]),  # whatever its size
+        (old_spec(10, 1000 * KB), 0, [4, 3, 3]),  # groups of at most max_group_bytes (4000 KB), balanced
+        (old_spec(3), 1, [2]),  # a file a running attempt holds waits
+    ],
+    ids=["single_small_file", "single_large_file", "groups_within_max_group_bytes", "in_flight_skipped"],
+)
+def test_a_partition_of_an_older_spec_is_rewritten_into_the_current_one(files, in_flight, groups):
+    plan = plan_partition("spec-1:p=1", files, POLICY, current_spec_id=2, in_flight={f.path for f in files[:in_flight]})
+    assert plan.kind == Kind.OLD_SPEC and plan.worth_compacting
+    assert sorted((len(g.paths) for g in plan.groups), reverse=True) == groups
+    assert all(g.data_bytes <= POLICY.max_group_bytes for g in plan.groups)
+    assert plan.reason.startswith(f"old-spec: {sum(groups)} file(s) of spec 1, not the current spec 2: rewritten into")
+
+
+def test_old_spec_plans_nothing_when_all_held_or_turned_off():
+    files = old_spec(3)
+    held = plan_partition("spec-1:p=1", files, POLICY, current_spec_id=2, in_flight={f.path for f in files})
+    assert not held.worth_compacting and "all held by a running attempt" in held.reason
+    off = Policy(target_file_size_bytes=800 * KB, rewrite_old_specs=False)
+    plan = plan_partition("spec-1:p=1", files, off, current_spec_id=2)
+    assert not plan.worth_compacting and "compaction.rewrite-old-specs=false" in plan.reason
+    assert resolve_policy("ns.t", PolicyConfig(), {"compaction.rewrite-old-specs": "false"}).rewrite_old_specs is False
+
+
+def test_old_spec_ranks_below_fragmentation_of_a_similar_size_and_applies_deletes():
+    fragmented = fragments(10, key="p=frag")
+    old = old_spec(10, key="p=old")
+    deletes = [pos_delete("old-pos", old[0].path, key="p=old", spec_id=1)]
+    plans = plan_table([*fragmented, *old, *deletes], POLICY, current_spec_id=0)
+    assert [(p.partition_key, p.kind) for p in plans] == [("p=frag", Kind.MINOR), ("p=old", Kind.OLD_SPEC)]
+    assert 0 < plans[1].benefit < plans[0].benefit
+    assert "1 file(s) get their deletes applied" in plans[1].reason
 
 
 def test_paused_table_plans_nothing():
@@ -171,7 +211,8 @@ def test_files_are_grouped_by_typed_partition_and_spec_not_by_key():
     plans = {p.partition_key: p for p in plan_table([*null, *text, *old], POLICY, current_spec_id=0)}
     assert {k: set(p.stats.spec_ids) for k, p in plans.items()} == {"r=N": {0}, "r=null": {0}, "spec-1:r=null": {1}}
     assert sorted(plans["r=null"].source_paths) == [f"t{i}" for i in range(6)]
-    assert not plans["spec-1:r=null"].worth_compacting and "older spec" in plans["spec-1:r=null"].reason
+    assert plans["spec-1:r=null"].kind == Kind.OLD_SPEC
+    assert sorted(plans["spec-1:r=null"].source_paths) == [f"o{i}" for i in range(6)]
 
 
 def test_two_partitions_sharing_a_key_is_an_error_not_a_merge():

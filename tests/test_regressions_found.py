@@ -28,7 +28,7 @@ def step(machine: TableHistory, rule: str, **arguments) -> None:
     getattr(machine, rule)(**arguments)
     machine.rows_equal_the_oracle()
     machine.every_referenced_file_exists()
-    machine.identity_partitions_match_their_rows()
+    machine.partitions_match_their_rows()
 
 
 def test_gc_keeps_a_live_file_added_as_file_colon_path(spark, tmp_path):

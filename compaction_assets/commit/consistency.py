@@ -22,9 +22,8 @@ from pyiceberg.table.snapshots import TOTAL_DELETE_FILES, Operation, Snapshot
 
 from compaction_assets.commit.ledger import Attempt, Ledger, Status
 from compaction_assets.commit.recovery import orphaned_because
-from compaction_assets.commit.two_phase import EXPIRE_KIND, commit_snapshot
+from compaction_assets.commit.two_phase import EXPIRE_KIND, commit_snapshot, written_files
 from compaction_assets.lake.files import live_files
-from compaction_assets.lake.storage import files_with_prefix
 
 RECOVER_HINT = "run `compaction-assets recover` (the recovery sensor also does this every minute)"
 
@@ -76,7 +75,7 @@ def _attempt_problems(table: Table, attempt: Attempt, live: dict) -> list[str]:
     if attempt.status in (Status.PREPARED, Status.EXECUTING):
         return [f"{name} is left {attempt.status}"]
     results = {d["file_path"] for d in attempt.result_files}
-    written = {p for d in attempt.output_dirs for p in files_with_prefix(d, attempt.attempt_id, table.io)}
+    written = set(written_files(table.io, attempt))
     problems = []
     if attempt.status == Status.COMMITTED:
         if (snapshot := commit_snapshot(table, attempt)) is None:

@@ -95,7 +95,9 @@ from compaction_assets.lake.features import refusal
 from compaction_assets.lake.files import LiveFile, live_files, partition_key
 from compaction_assets.lake.manifest_cache import live_entries, manifest_contents
 from compaction_assets.lake.manifest_io import ManifestContents, partition_schema, write_restated
+from compaction_assets.lake.partition_key import partition_id
 from compaction_assets.lake.storage import PathSet, delete_unreferenced, files_with_prefix
+from compaction_assets.planning.planner import Kind
 
 log = logging.getLogger("compaction_assets")
 _UNREAD = ManifestContents((), None, ())
@@ -240,7 +242,8 @@ def _conflict(
             added = added_since[attempt.base_snapshot_id]
         except ValidationException as exc:
             return str(exc)
-        if reason := _delete_conflict(data, added, global_specs):
+        results = [datafile_from_json(d) for d in attempt.result_files if d["content"] == DataFileContent.DATA]
+        if reason := _delete_conflict(data, added, global_specs, results):
             return reason
     data_files = [f for f in live.values() if not f.is_delete]
     return _uncovered(replaced, data_files, attempt.covered_files, global_specs)
@@ -289,21 +292,43 @@ def _only_appends_data(snapshot: Snapshot) -> bool:
 
 
 def _delete_conflict(
-    replaced: Sequence[DataFile], added_deletes: Sequence[DataFile], global_specs: frozenset[int]
+    replaced: Sequence[DataFile],
+    added_deletes: Sequence[DataFile],
+    global_specs: frozenset[int],
+    results: Sequence[DataFile] = (),
 ) -> str | None:
-    """A position delete added after the base that can apply to a replaced file, described; else None.
+    """A delete added after the base that the rewrite would make apply to other rows, described;
+    else None.
 
-    Equality deletes added after the base are no conflict: the results carry the base's data
-    sequence number, so those deletes apply to the rewritten rows as they did to the replaced ones
-    (Java's RewriteFiles ignores them once `dataSequenceNumber` is set)."""
+    A position delete that can apply to a replaced file always is (its rows get new positions).
+    Equality deletes are not while the results stay in the sources' partitions: the results carry
+    the base's data sequence number, so those deletes apply to the rewritten rows as they did to
+    the replaced ones (Java's RewriteFiles ignores them once `dataSequenceNumber` is set). When
+    rows move to other partitions (an old-spec rewrite), a partition-scoped one that can apply to a
+    replaced file would no longer apply to its rows, and one that can apply to a result would
+    newly apply to them: both are conflicts (global ones apply on either side alike)."""
     index = DeleteIndex((d for d in added_deletes if d.content == DataFileContent.POSITION_DELETES), global_specs)
-    if not index:
-        return None
-    for data_file in replaced:
+    for data_file in replaced if index else ():
         if applying := index.for_data_file(data_file):
             return (
                 f"position delete file {applying[0].file_path}, added after the base snapshot, can apply to "
                 f"source {data_file.file_path}: rewriting it would bring deleted rows back"
+            )
+    if not results:
+        return None
+    sources = {partition_id(f.spec_id, f.partition) for f in replaced}
+    if all(partition_id(f.spec_id, f.partition) in sources for f in results):
+        return None
+    scoped = [
+        d for d in added_deletes if d.content == DataFileContent.EQUALITY_DELETES and d.spec_id not in global_specs
+    ]
+    index = DeleteIndex(scoped, global_specs)
+    for data_file in [*replaced, *results] if index else ():
+        if applying := index.for_data_file(data_file):
+            return (
+                f"equality delete file {applying[0].file_path}, added after the base snapshot, can apply to "
+                f"{data_file.file_path}, and the rewrite moves rows between partitions: it would apply to "
+                "other rows than before"
             )
     return None
 
@@ -493,7 +518,8 @@ class _RewriteFiles(_OverwriteFiles):
             if not (replaced := rewrite.replaced_data):
                 continue
             added = _deletes_added_since(metadata, self._io, rewrite.base_snapshot_id, self._parent_snapshot_id)
-            if reason := _delete_conflict(replaced, added, self._global_specs):
+            results = [f for f in rewrite.added if f.content == DataFileContent.DATA]
+            if reason := _delete_conflict(replaced, added, self._global_specs, results):
                 raise ValidationException(reason)
 
     def _scan(self, snapshot_id: int | None) -> list[tuple[ManifestFile, ManifestContents, list[int]]]:
@@ -884,9 +910,16 @@ def abandon(table: Table, ledger: Ledger, attempt: Attempt, reason: str) -> Atte
 def sweep_untracked(table: Table, ledger: Ledger, attempt: Attempt, keep: set[str]) -> int:
     """Delete files named after this attempt in its output folders, except those in `keep`, any a
     snapshot of the table references and any an open attempt claims (storage.delete_unreferenced)."""
-    written = [p for d in attempt.output_dirs for p in files_with_prefix(d, attempt.attempt_id, table.io)]
+    written = written_files(table.io, attempt)
     kept = PathSet(keep)
     doomed = [p for p in written if p not in kept]
     if not doomed:
         return 0
     return delete_unreferenced(table, doomed, ledger.open_claims(attempt.table_name))
+
+
+def written_files(io: FileIO, attempt: Attempt) -> list[str]:
+    """The files named after the attempt in its output folders; an old-spec attempt writes into a
+    folder per partition of the current spec below its one, which is listed recursively."""
+    recursive = attempt.kind == Kind.OLD_SPEC
+    return [p for d in attempt.output_dirs for p in files_with_prefix(d, attempt.attempt_id, io, recursive)]

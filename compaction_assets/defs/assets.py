@@ -24,7 +24,7 @@ from dagster import (
 )
 from dagster_pyspark import LazyPySparkResource
 
-from compaction_assets.commit.consistency import RECOVER_HINT, check_partitions
+from compaction_assets.commit.consistency import RECOVER_HINT, ConsistencyReport, check_partitions
 from compaction_assets.config import TableRule
 from compaction_assets.defs.naming import CHECK_NAME, partitions_name, pool_name, table_key
 from compaction_assets.defs.resources import CompactionResource
@@ -133,11 +133,16 @@ def compact_table(
     run_figures = {"dagster_run_fixed_cost_s": round(fixed, 2), "partitions_in_run": len(keys)}
     for o in outcomes:
         if o.ok:
-            metadata = {**_metadata(o, queue), **run_figures}
-            yield AssetMaterialization(asset_key=key, partition=o.partition_key or None, metadata=metadata)
+            # an unpartitioned asset's run also compacts files of an older, partitioned spec (old-spec):
+            # those are its materialisations too, their partition in the metadata
+            spec_part = {"partition": o.partition_key} if o.partition_key and not partitioned else {}
+            metadata = {**_metadata(o, queue), **run_figures, **spec_part}
+            yield AssetMaterialization(
+                asset_key=key, partition=(o.partition_key or None) if partitioned else None, metadata=metadata
+            )
     for name, spec in context.assets_def.check_specs_by_output_name.items():
         if spec.asset_key == key and spec.key in context.selected_asset_check_keys:
-            yield from _consistency(engine, table_name, key, keys, outcomes)
+            yield from _consistency(engine, table_name, key, keys, outcomes, partitioned)
             # the check's evaluations are the events above; its output only says they were all reported
             yield Output(None, output_name=name)
     failed = [o for o in outcomes if not o.ok]
@@ -150,15 +155,26 @@ def compact_table(
 
 
 def _consistency(
-    engine: Engine, table_name: str, key: AssetKey, keys: list[str], outcomes: list[PartitionOutcome]
+    engine: Engine,
+    table_name: str,
+    key: AssetKey,
+    keys: list[str],
+    outcomes: list[PartitionOutcome],
+    partitioned: bool = True,
 ) -> Iterator[AssetCheckEvaluation]:
     """The blocking check of every partition of the run: its attempts (if it was compacted) and
-    what other runs left in it; a failed evaluation fails the run once all are reported."""
+    what other runs left in it; a failed evaluation fails the run once all are reported. An
+    unpartitioned asset gets one evaluation for all the table partitions its run compacted."""
     table = load_table(engine.catalog, table_name)
     tasks: dict[str, str | None] = dict.fromkeys(keys)
     tasks |= {o.partition_key: o.task_id for o in outcomes if o.task_id}
     timeout = engine.config.state.executing_timeout_seconds
-    for partition, report in check_partitions(table, engine.ledger, tasks, timeout).items():
+    reports = check_partitions(table, engine.ledger, tasks, timeout)
+    if not partitioned:
+        merged = ConsistencyReport(sum(r.attempts_checked for r in reports.values()))
+        merged.problems = [p for r in reports.values() for p in r.problems]
+        reports = {"": merged}
+    for partition, report in reports.items():
         metadata = {"attempts_checked": report.attempts_checked, "partition": partition or "(unpartitioned)"}
         if not report.passed:
             metadata |= {

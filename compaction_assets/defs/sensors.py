@@ -172,7 +172,7 @@ def evaluate_fragmentation(
     candidates: list[Candidate] = []
     partition_requests: list = []
     observations: list[AssetObservation] = []
-    unchanged, planned = [], []
+    unchanged, planned, respecced = [], [], []
     waiting_of: dict[str, list[str]] = {}
     for key in cursor.waiting:
         waiting_of.setdefault(key.split("|", 1)[0], []).append(key)
@@ -204,6 +204,14 @@ def evaluate_fragmentation(
             if same and replayable:
                 unchanged.append(name)
                 candidates.extend(_deferred(cursor, name, rule, waiting, snapshot_id))
+                continue
+            if partitioned == table.spec().is_unpartitioned():
+                # the asset was built for the other kind: its partition keys mean nothing until a reload
+                context.log.info(
+                    f"{name}: its partition spec became {'un' if partitioned else ''}partitioned; "
+                    "not compacted until the code location reloads"
+                )
+                respecced.append(name)
                 continue
             tplan = engine.plan_for(table, name)
         except CompactionError as exc:
@@ -240,7 +248,11 @@ def evaluate_fragmentation(
         )
         if tplan.refused:
             context.log.info(f"{name}: not compacted: {tplan.refused}")
+        # an unpartitioned asset's one run compacts every partition of the table worth it (files of
+        # an older, partitioned spec have partition keys the asset does not have)
         worth: dict[str, PartitionPlan | ManifestPlan] = {p.partition_key: p for p in tplan.to_compact}
+        if not partitioned and worth:
+            worth = {"": max(worth.values(), key=lambda p: p.benefit)}
         if tplan.rewrite_manifests_due and tplan.manifests is not None:
             worth[MANIFESTS_KEY] = tplan.manifests
             context.log.info(f"{name}: {tplan.manifests.reason}")
@@ -265,6 +277,8 @@ def evaluate_fragmentation(
             cursor.expiring[name] = now
         else:
             cursor.expiring.pop(name, None)
+    if respecced:
+        reload_code_location(context, [], [], respecced)
     if candidates and (down := _spark_down(config)):
         summary = (
             f"evaluated {len(tables)} table(s): {len(candidates)} partition(s) worth compacting wait, none "
@@ -421,8 +435,11 @@ def _spark_down(config: CompactionConfig) -> str | None:
     return None
 
 
-def reload_code_location(context: SensorEvaluationContext, added: list[str], dropped: list[str]) -> None:
-    """New or dropped managed tables: reload the code location so its assets follow the catalog.
+def reload_code_location(
+    context: SensorEvaluationContext, added: list[str], dropped: list[str], respecced: Sequence[str] = ()
+) -> None:
+    """New or dropped managed tables, or tables that became partitioned or unpartitioned
+    (`respecced`): reload the code location so its assets follow the catalog.
 
     Through the webserver's GraphQL API (`reload_repository_location`), whose address the demo
     puts in $COMPACTION_DAGSTER_URL; without it the log says how to reload by hand. The call runs
@@ -431,7 +448,11 @@ def reload_code_location(context: SensorEvaluationContext, added: list[str], dro
     location = origin.location_name if origin else LOCATION_NAME
     change = "; ".join(
         part
-        for part in (f"new: {', '.join(added)}" if added else "", f"dropped: {', '.join(dropped)}" if dropped else "")
+        for part in (
+            f"new: {', '.join(added)}" if added else "",
+            f"dropped: {', '.join(dropped)}" if dropped else "",
+            f"partitioning changed: {', '.join(respecced)}" if respecced else "",
+        )
         if part
     )
     url = os.environ.get(WEBSERVER_ENV)

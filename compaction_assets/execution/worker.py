@@ -10,6 +10,11 @@ deletes, vectorised, and counts them (rows_expired); it never takes the Polars p
 pyiceberg's Parquet writer, so result files carry field ids and the column statistics pyiceberg
 computes. Both stream record batches: memory is bounded by one row-group buffer (plus the group's
 delete keys and positions), not by the size of the group.
+
+An old-spec group (`output_spec_id` set) is read as any group, under its sources' own partition
+and spec, and written by a PartitionedWriter: each batch split by the partitions of the output
+spec (execution/partitioning), a RollingWriter per partition, all buffers within one row-group
+budget.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import contextlib
 import json
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -34,9 +39,11 @@ from pyiceberg.typedef import Record
 from compaction_assets.errors import InputFileError
 from compaction_assets.execution import polars_rewrite
 from compaction_assets.execution.deletes import GroupDeletes
+from compaction_assets.execution.partitioning import partition_folder, split_by_partition
 from compaction_assets.execution.source_reader import SourceReader
 from compaction_assets.faults import crash_point
 from compaction_assets.lake.datafile_codec import datafile_from_json, datafile_to_json, decode_partition
+from compaction_assets.lake.partition_key import PartitionId, partition_id
 
 MiB = 1024 * 1024
 MAX_BUFFER_BYTES = 32 * MiB  # Arrow bytes buffered before a row group is written
@@ -90,6 +97,9 @@ class GroupSpec:
     polars: bool  # the driver found the group fit for Polars (polars_rewrite.qualifies)
     deletes: list[DeleteSpec] = field(default_factory=list)  # delete files some of its sources need applied
     expire: ExpireFilter | None = None  # a data expiration's group: rows past retention are dropped
+    # None: results keep the sources' partition and spec; else (old-spec) each row is written into
+    # its partition under this spec, in a folder per partition below output_dir
+    output_spec_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -205,7 +215,10 @@ def rewrite_group(job: RewriteJob, index: int) -> GroupOutcome:
     metadata = TableMetadataUtil.parse_raw(job.metadata_json)
     io = load_file_io(job.io_properties, metadata.location)
     partition = decode_partition(spec.partition)
-    writer = RollingWriter(io, metadata, partition, spec, job.target_file_size_bytes, index)
+    if spec.output_spec_id is None:
+        writer = RollingWriter(io, metadata, partition, spec, job.target_file_size_bytes, index)
+    else:
+        writer = PartitionedWriter(io, metadata, spec, job.target_file_size_bytes, index)
     bytes_in = sum(s.size for s in spec.sources)
     try:
         deletes = GroupDeletes(io, metadata.schema(), metadata.name_mapping(), spec.sources, spec.deletes)
@@ -219,7 +232,7 @@ def rewrite_group(job: RewriteJob, index: int) -> GroupOutcome:
         batches = reader.batches()
         if expiry is not None:
             batches = expiry.filter(batches)
-        if job.sort_columns:
+        if job.sort_columns and spec.output_spec_id is None:  # an old-spec group streams, unsorted
             batches = _sorted(batches, job.sort_columns)
         for batch in batches:
             writer.write(batch)
@@ -270,11 +283,17 @@ def _rewrite_with_polars(
     io: FileIO,
     partition: Record,
     reader: SourceReader,
-    writer: RollingWriter,
+    writer: RollingWriter | PartitionedWriter,
 ) -> list[DataFile] | None:
     """The group through Polars if the driver found it fit (see polars_rewrite); None: use the
     per-file path. Polars applies no deletes: a group with any never takes it, whatever the driver said."""
-    if not spec.polars or spec.deletes or spec.expire or any(s.deletes for s in spec.sources):
+    if (
+        not spec.polars
+        or spec.deletes
+        or spec.expire
+        or any(s.deletes for s in spec.sources)
+        or spec.output_spec_id is not None
+    ):
         return None
     try:
         footer = polars_rewrite.read_footer(io, spec.sources[0].path)
@@ -353,7 +372,14 @@ class RollingWriter:
     """
 
     def __init__(
-        self, io: FileIO, metadata: TableMetadata, partition: Record, spec: GroupSpec, target_bytes: int, index: int
+        self,
+        io: FileIO,
+        metadata: TableMetadata,
+        partition: Record,
+        spec: GroupSpec,
+        target_bytes: int,
+        index: int,
+        buffer_limit: int = MAX_BUFFER_BYTES,
     ) -> None:
         self._io = io
         self._metadata = metadata
@@ -363,11 +389,11 @@ class RollingWriter:
         self._partition = partition
         self._spec = spec
         self._target = target_bytes
-        self._buffer_limit = min(MAX_BUFFER_BYTES, max(MIN_BUFFER_BYTES, target_bytes // ROW_GROUPS_PER_TARGET))
+        self._buffer_limit = min(buffer_limit, max(MIN_BUFFER_BYTES, target_bytes // ROW_GROUPS_PER_TARGET))
         self.name = f"{spec.output_dir.rstrip('/')}/{spec.file_prefix}-{index:05d}"
         self._buffer: list[pa.RecordBatch] = []
         self._arrow_schema: pa.Schema | None = None
-        self._buffered = 0
+        self.buffered = 0  # Arrow bytes held, not yet written
         self._writer: FileFormatWriter | None = None
         self._output: _TrackedOutput | None = None
         self._written: list[DataFile] = []
@@ -399,12 +425,12 @@ class RollingWriter:
         for start in range(0, converted.num_rows, rows):
             piece = converted.slice(start, rows)
             self._buffer.append(piece)
-            self._buffered += piece.nbytes
-            if self._buffered >= self._buffer_limit:
-                self._flush()
+            self.buffered += piece.nbytes
+            if self.buffered >= self._buffer_limit:
+                self.flush()
 
     def close(self) -> list[DataFile]:
-        self._flush()
+        self.flush()
         self._finish_file()
         return self._written
 
@@ -414,7 +440,8 @@ class RollingWriter:
             with contextlib.suppress(FileNotFoundError, OSError):
                 self._io.delete(path)
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """Write the buffered batches as a row group (rolling to a new file when this one is full)."""
         if not self._buffer:
             return
         if self._writer is None:
@@ -426,7 +453,7 @@ class RollingWriter:
         stream = self._output.stream
         before = stream.tell() if stream is not None else 0
         self._writer.write(table)
-        self._buffer, self._buffered = [], 0
+        self._buffer, self.buffered = [], 0
         stream = self._output.stream
         # full when one more row group like this one would overshoot the target by more than
         # stopping here falls short of it: files land within half a row group of the target
@@ -453,3 +480,46 @@ class RollingWriter:
         data_file.spec_id = self._spec.spec_id
         self._written.append(data_file)
         self._writer, self._output = None, None
+
+
+class PartitionedWriter:
+    """An old-spec group's writer: each batch is split by the partitions of spec `output_spec_id`
+    (execution/partitioning), each partition written by a RollingWriter of its own into its folder
+    below the group's output_dir, with that spec's id and its partition values. Memory: all
+    partitions' buffers together stay under MAX_BUFFER_BYTES (the fullest is flushed as a row group
+    when they would not), plus one open Parquet writer per partition seen."""
+
+    def __init__(self, io: FileIO, metadata: TableMetadata, spec: GroupSpec, target_bytes: int, index: int) -> None:
+        self._io, self._metadata, self._spec = io, metadata, spec
+        self._target, self._index = target_bytes, index
+        self._partition_spec = metadata.specs()[spec.output_spec_id]
+        self._template = RollingWriter(io, metadata, Record(), spec, target_bytes, index)  # converts; never writes
+        self.file_schema = self._template.file_schema
+        self.convert = self._template.convert
+        self._writers: dict[PartitionId, RollingWriter] = {}  # by typed values (NaN is one partition)
+
+    def write(self, converted: pa.RecordBatch) -> None:
+        for partition, rows in split_by_partition(converted, self._partition_spec, self.file_schema):
+            self._writer_for(partition).write(rows)
+        writers = list(self._writers.values())
+        while sum(w.buffered for w in writers) > MAX_BUFFER_BYTES:
+            max(writers, key=lambda w: w.buffered).flush()
+
+    def close(self) -> list[DataFile]:
+        return [f for w in self._writers.values() for f in w.close()]
+
+    def abort(self) -> None:
+        for writer in self._writers.values():
+            writer.abort()
+
+    def _writer_for(self, partition: Record) -> RollingWriter:
+        key = partition_id(self._partition_spec.spec_id, partition)
+        if (writer := self._writers.get(key)) is None:
+            folder = partition_folder(self._spec.output_dir, self._partition_spec, self._metadata.schema(), partition)
+            # no file limit per partition: its rows are not known in advance, files roll at the target
+            spec = replace(self._spec, output_dir=folder, spec_id=self._partition_spec.spec_id, max_files=2**31)
+            limit = max(MiB, MAX_BUFFER_BYTES // 4)
+            writer = self._writers[key] = RollingWriter(
+                self._io, self._metadata, partition, spec, self._target, self._index, limit
+            )
+        return writer

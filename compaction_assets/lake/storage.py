@@ -153,10 +153,10 @@ def _listing(directory: str, io: FileIO | None, recursive: bool) -> Iterator[tup
             yield directory + info.path[len(root) :], info
 
 
-def files_with_prefix(directory: str, prefix: str, io: FileIO | None = None) -> list[str]:
-    """Locations of the files directly in `directory` whose names start with `prefix`, spelled as
-    `directory` is (as the writer and so the manifests spell them)."""
-    return sorted(p for p, info in _listing(directory, io, False) if info.base_name.startswith(prefix))
+def files_with_prefix(directory: str, prefix: str, io: FileIO | None = None, recursive: bool = False) -> list[str]:
+    """Locations of the files directly in `directory` (or anywhere below it: `recursive`) whose
+    names start with `prefix`, spelled as `directory` is (as the writer and so the manifests spell them)."""
+    return sorted(p for p, info in _listing(directory, io, recursive) if info.base_name.startswith(prefix))
 
 
 class Listed(NamedTuple):

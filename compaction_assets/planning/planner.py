@@ -5,7 +5,16 @@ target file. Packing counts each file's column data bytes (its manifest column s
 size on disk: a tiny file is mostly footer, which merging removes. Major compaction rewrites
 every undersized file (< min_target_size_ratio x target) in groups of at most max_group_bytes,
 writing target-size files. Files are grouped by partition id (spec id, typed values), never by
-their rendered key. Only files of the current spec that no running attempt holds are rewritten.
+their rendered key. Minor and major rewrite only files of the current spec that no running
+attempt holds.
+
+Old specs (Iceberg's rewrite_data_files `output-spec-id`): a partition of an earlier partition
+spec (its partition id names that spec) is planned `old-spec`: all its data files no running
+attempt holds, in groups of at most max_group_bytes (a single file qualifies: the point is the
+spec), rewritten into the current spec, each row into the partition the current spec gives it.
+Its delete files are applied, as in every data rewrite. Table property
+`compaction.rewrite-old-specs=false` turns it off (the partition then plans as before: at most
+a delete-file tier).
 
 Data expiration (planning/expiration.py) comes first: when `compaction.expire.field` and
 `compaction.expire.retention-ms` are both set, a partition with data files that hold rows past
@@ -41,14 +50,16 @@ picks, first match wins:
    remainder is a file of its own when it is not undersized, else spread over the others while
    they stay within 1.1 x target). Only when no data rewrite above is due: the fragments go
    first, the split comes on a later run;
-3. `convert-equality-deletes` when at least `equality_delete_file_threshold` equality-delete files
+3. `old-spec` for a partition of an earlier spec (above; the size triggers count current-spec
+   files only, so 1 and 2 never fire there);
+4. `convert-equality-deletes` when at least `equality_delete_file_threshold` equality-delete files
    of the partition alone (below) apply, and reading the key columns of the data files they apply to
    costs less than 1/4 of those files' bytes (what a rewrite would read);
-4. `rewrite-position-deletes` when at least `position_delete_file_threshold` small position-delete
+5. `rewrite-position-deletes` when at least `position_delete_file_threshold` small position-delete
    files of the partition alone apply (small: undersized, < min_target_size_ratio x target, as
    the min-file-size of Iceberg's rewrite_position_delete_files);
-5. nothing, with the reason.
-A tier plan (3, 4) has no groups: it carries the delete files to replace (`delete_paths`) and the
+6. nothing, with the reason.
+A tier plan (4, 5) has no groups: it carries the delete files to replace (`delete_paths`) and the
 data files they apply to (`covered_data_paths`). A tier replaces only delete files of the partition
 itself that apply to no other partition's data files: a global delete (of an unpartitioned spec)
 in a partitioned table applies across partitions, and only data rewrites apply it.
@@ -66,7 +77,10 @@ a 4 x target file at 128 MiB gives 0.0006, below any plan that removes files. An
 benefit is EXPIRE_BENEFIT (100) + MiB freed (bytes of the dropped files, plus the estimated expired
 share of the rewritten ones): rows past retention are a promise to the table's users, so it sits
 at the top of the sensor's scale (benefit points 99, scheduling.benefit_points) and, among
-expirations, the most bytes go first.
+expirations, the most bytes go first. An old-spec plan's files cannot be pruned by
+the current spec's partition filters: it scores OLD_SPEC_WEIGHT (0.5) x its files per MiB read
+(+ reads saved as above), so it ranks below a fragmented partition of a similar size and file
+count.
 
 Table-level: the manifest rewrite (kind rewrite-manifests) is planned from the manifest list, not
 per partition, with its own benefit, 0.1 x manifests removed per MiB of manifests read (planning/
@@ -90,6 +104,9 @@ from compaction_assets.planning.policy import MiB, Policy
 # Benefit points for reads saved: a partition whose readers decode twice the rows they return
 # (read amplification 2.0, brought to 1.0) ranks like one whose rewrite removes 10 files per MiB.
 READS_SAVED_WEIGHT = 10.0
+# Benefit points per old-spec file per MiB read: half a removed fragment's, so a partition readers
+# cannot prune by the current spec ranks below fragmentation of a similar size.
+OLD_SPEC_WEIGHT = 0.5
 CONVERSION_MAX_COST_SHARE = 0.25  # an equality-delete conversion must read < 1/4 of a rewrite's bytes
 FULL_WEIGHT = 0.5  # a full rewrite's benefit, relative to a fragmentation-driven plan's (hygiene)
 SPLIT_WEIGHT = 0.1  # a split's benefit per file added, relative to a file removed
@@ -387,6 +404,10 @@ def plan_partition(
     if isinstance(split, PartitionPlan):
         return replace(split, reason="; ".join([split.reason, *notes, load]))
     notes += [split] if split else []
+    if old_spec := _plan_old_spec(stats, files, policy, current_spec_id, in_flight, deletes):
+        if isinstance(old_spec, PartitionPlan):
+            return replace(old_spec, reason="; ".join([old_spec.reason, *notes, load]))
+        notes[0] = old_spec  # says more than the size triggers, which count current-spec files only
     for tier in (_plan_equality_conversion, _plan_position_rewrite):
         plan = tier(stats, files, policy, in_flight, deletes)
         if isinstance(plan, PartitionPlan):
@@ -621,6 +642,41 @@ def _rewrite_benefit(plan: PartitionPlan, deletes: DeleteMap) -> PartitionPlan:
     after = read_amplification(stats.records - removed_rows, stats.deleted_rows - removed_rows)
     files_removed = sum(len(g.paths) - g.expected_outputs for g in plan.groups) + len(removed)
     return _benefit(plan, files_removed, plan.input_bytes, stats.read_amplification - after)
+
+
+def _plan_old_spec(
+    stats: PartitionStats,
+    files: Sequence[FileStat],
+    policy: Policy,
+    current_spec_id: int,
+    in_flight: Collection[str],
+    deletes: DeleteMap,
+) -> PartitionPlan | str:
+    """old-spec: every data file of a partition of an earlier spec, rewritten into the current spec
+    in groups of at most max_group_bytes (one file is enough: the point is the spec); or why not
+    ("" for a partition of the current spec)."""
+    data = [f for f in files if not f.is_delete]
+    old = sorted({f.spec_id for f in data} - {current_spec_id})
+    if not old:
+        return ""
+    specs = f"spec {', '.join(map(str, old))}, not the current spec {current_spec_id}"
+    if not policy.rewrite_old_specs:
+        return f"{len(data)} file(s) of {specs}: not rewritten (compaction.rewrite-old-specs=false)"
+    chosen = [f for f in data if f.path not in in_flight]
+    if not chosen:
+        return f"{len(data)} file(s) of {specs}, all held by a running attempt"
+    groups = tuple(_to_group(b, policy) for b in _bin_pack(chosen, policy.max_group_bytes))
+    why = f"{len(chosen)} file(s) of {specs}: rewritten into spec {current_spec_id}"
+    if applied := sum(f.path in deletes.by_data for f in chosen) if deletes.by_data else 0:
+        why += f"; {applied} file(s) get their deletes applied"
+    plan = PartitionPlan(stats, Kind.OLD_SPEC, groups, reason=f"{Kind.OLD_SPEC}: {why}")
+    rewritten = {f.path for f in chosen}
+    removed = [d for d in deletes.distinct(rewritten) if deletes.by_delete[d.path] <= rewritten]
+    removed_rows = sum(d.record_count for d in removed)
+    after = read_amplification(stats.records - removed_rows, stats.deleted_rows - removed_rows)
+    read = sum(g.bytes for g in groups)
+    per_mib = OLD_SPEC_WEIGHT * len(chosen) / (max(read, 1) / MiB)
+    return replace(plan, benefit=per_mib + READS_SAVED_WEIGHT * max(stats.read_amplification - after, 0.0))
 
 
 def _plan_equality_conversion(

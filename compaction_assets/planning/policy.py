@@ -46,6 +46,7 @@ class Policy:
     # manifests are smaller than manifest_target_size_bytes (Iceberg's commit.manifest.target-size-bytes)
     rewrite_manifests_min_count: int = 100
     manifest_target_size_bytes: int = DEFAULT_MANIFEST_TARGET_SIZE
+    rewrite_old_specs: bool = True  # files of an earlier partition spec are rewritten into the current one
 
     @property
     def split_above_bytes(self) -> int:
@@ -92,6 +93,7 @@ TABLE_PROPERTIES = {
     "compaction.expire.retention-ms": ("expire_retention_ms", int),
     "compaction.rewrite-manifests.min-count": ("rewrite_manifests_min_count", int),
     ICEBERG_MANIFEST_TARGET_PROPERTY: ("manifest_target_size_bytes", int),
+    "compaction.rewrite-old-specs": ("rewrite_old_specs", _parse_bool),
 }
 
 
