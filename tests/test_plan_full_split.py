@@ -75,7 +75,7 @@ def test_full_waits_while_a_file_of_the_partition_is_in_flight_and_leaves_old_sp
     busy = plan_partition("p=1", files, FULL, 0, in_flight={files[0].path}, clock=FullClock(NOW))
     assert busy.kind is None and "held by a running attempt: waits" in busy.reason
     old = [F(f"old{i}", 300 * KB, spec_id=1) for i in range(3)]
-    assert plan_partition("p=1", old, FULL, current_spec_id=0, clock=FullClock(NOW)).kind is None
+    assert plan_partition("p=1", old, FULL, current_spec_id=0, clock=FullClock(NOW)).kind == Kind.OLD_SPEC  # not full
 
 
 def test_a_full_plan_ranks_below_a_minor_plan_of_the_same_files():
