@@ -242,8 +242,15 @@ def test_plan_command_prints_the_delete_load(lake):
 @pytest.mark.parametrize(
     ("rows_read", "rows_deleted", "reason"),
     [
-        pytest.param(299, 0, "row count mismatch: the sources hold 300 rows to read, read 299", id="a source read short"),
-        pytest.param(300, 3, "row count mismatch: read 300 rows, deletes removed 3, expiration dropped 0, wrote 0", id="written != live"),
+        pytest.param(
+            299, 0, "row count mismatch: the sources hold 300 rows to read, read 299", id="a source read short"
+        ),
+        pytest.param(
+            300,
+            3,
+            "row count mismatch: read 300 rows, deletes removed 3, expiration dropped 0, wrote 0",
+            id="written != live",
+        ),
     ],
 )
 def test_prepare_checks_rows_read_and_rows_written_against_the_deletes(lake, rows_read, rows_deleted, reason):
