@@ -19,3 +19,14 @@ class InputFileError(CompactionError):
 
 class BackOff(CompactionError):
     """The commit gave way: its sources changed since planning. Nothing of the attempt remains."""
+
+
+def worker_error(exc: BaseException, limit: int = 300) -> str:
+    """What a Spark worker reports for a failed group: an InputFileError's message (it names the
+    file), else the exception's type and the first line of its message, cut at `limit` characters.
+    Never the whole message: Arrow's errors go on to print the batch, i.e. table rows."""
+    if isinstance(exc, InputFileError):
+        return str(exc)
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    text = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -3,9 +3,13 @@
 from pathlib import Path
 from urllib.parse import urlparse
 
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
 import yaml
 
 from compaction_assets.commit.ledger import Status
+from compaction_assets.errors import worker_error
 from compaction_assets.lake.storage import files_with_prefix
 from tests.conftest import create_fragmented, data_files
 
@@ -58,3 +62,15 @@ def test_unknown_table_is_named(lake):
     run = lake.cli("plan", "ns.nope")
     assert run.returncode == 2
     assert "table 'ns.nope' not found in catalog 'lake'" in run.stderr
+
+
+def test_a_worker_error_names_the_exception_but_never_the_rows_arrow_prints():
+    """Arrow's errors go on to print the batch (a table's rows): a group's reported error keeps the
+    type and the first line only, cut short."""
+    rows = pa.table({"secret_value": ["card-4111111111111111"] * 3})
+    with pytest.raises(pa.ArrowInvalid) as caught:
+        pc.sort_indices(rows, sort_keys=[("missing", "ascending")])
+    assert "4111111111111111" in str(caught.value)  # Arrow prints the rows
+    reported = worker_error(caught.value)
+    assert reported.startswith("ArrowInvalid: ") and "4111111111111111" not in reported
+    assert len(worker_error(ValueError("x" * 1000))) == 300

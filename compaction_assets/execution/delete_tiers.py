@@ -45,7 +45,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.table.metadata import TableMetadata, TableMetadataUtil
 from pyiceberg.typedef import Record
 
-from compaction_assets.errors import InputFileError
+from compaction_assets.errors import InputFileError, worker_error
 from compaction_assets.execution.source_reader import projected_batches
 from compaction_assets.execution.worker import _reset_peak_rss, peak_rss
 from compaction_assets.lake.datafile_codec import (
@@ -439,7 +439,7 @@ def run_tier_job(run: TierRun, index: int) -> TierOutcome:
         io = load_file_io(run.io_properties, metadata.location)
         outcome = _TIERS[Tier(job.tier)](metadata, io, job, run.target_file_size_bytes, index)
     except Exception as exc:  # reported to the driver, which fails the attempt with this message
-        error = str(exc) if isinstance(exc, InputFileError) else repr(exc)
+        error = worker_error(exc)
         return TierOutcome(index, job.tier, [], [], 0, 0, error=error, peak_rss=peak_rss())
     outcome.peak_rss = peak_rss()
     return outcome

@@ -36,7 +36,7 @@ from pyiceberg.schema import sanitize_column_names
 from pyiceberg.table.metadata import TableMetadata, TableMetadataUtil
 from pyiceberg.typedef import Record
 
-from compaction_assets.errors import InputFileError
+from compaction_assets.errors import InputFileError, worker_error
 from compaction_assets.execution import polars_rewrite
 from compaction_assets.execution.deletes import GroupDeletes
 from compaction_assets.execution.partitioning import partition_folder, split_by_partition
@@ -252,7 +252,7 @@ def rewrite_group(job: RewriteJob, index: int) -> GroupOutcome:
         )
     except Exception as exc:  # reported to the driver, which fails the attempt with this message
         writer.abort()
-        error = str(exc) if isinstance(exc, InputFileError) else repr(exc)
+        error = worker_error(exc)
         return GroupOutcome(index, [], error, reader.rows_read, 0, peak_rss(), rows_deleted=deletes.rows_deleted)
 
 
