@@ -407,3 +407,33 @@ def test_a_format_version_1_table_is_left_as_it_is(lake: Lake):
     assert not lake.engine.plan("ns.v1").manifests.due
     assert lake.table("ns.v1").current_snapshot().snapshot_id == snapshot
     assert lake.engine.ledger.attempts(table_name="ns.v1") == []
+
+
+def test_an_upgraded_v1_tables_manifests_are_merged_into_the_v2_layout_with_their_sequence_numbers(lake: Lake):
+    """12 appends under format version 1, the upgrade, 3 appends: all 15 manifests merge into one
+    v2 manifest, the v1 entries with their inherited sequence number 0, the others with their own;
+    DuckDB, which refuses the v1-layout manifests of an upgraded table, reads it after."""
+    props = {"format-version": "1", "compaction.rewrite-manifests.min-count": "10"}
+    table = lake.catalog.create_table("ns.t", schema=SCHEMA, partition_spec=BY_REGION, properties=props)
+    for i in range(15):
+        if i == 12:
+            with table.transaction() as txn:
+                txn.upgrade_table_version(2)
+        table.append(batch(i * ROWS, ROWS, REGIONS[i % 2]))
+    table = lake.table("ns.t")
+    expected = rows(spec_rows, table)
+    sequence = sequence_numbers(table)
+    assert sorted(s for s, _ in sequence.values()) == [0] * 12 + [1, 2, 3]
+
+    report = lake.engine.rewrite_manifests("ns.t")
+
+    assert report.status == "committed" and len(manifests(table)) == 1, report
+    table = lake.table("ns.t")
+    assert sequence_numbers(table) == sequence
+    assert rows(spec_rows, table) == expected and rows(duckdb_rows, table) == expected
+
+
+def sequence_numbers(table: Table) -> dict[str, tuple[int | None, int | None]]:
+    """Data and file sequence numbers of each live file of the current snapshot."""
+    entries = [e for m in manifests(table) for e in m.fetch_manifest_entry(table.io, discard_deleted=True)]
+    return {e.data_file.file_path: (e.sequence_number, e.file_sequence_number) for e in entries}
