@@ -48,7 +48,7 @@ from compaction_assets.gc_pause import gc_paused
 from compaction_assets.lake.catalog import load_table, open_catalog
 from compaction_assets.lake.datafile_codec import datafile_to_json, encode_partition
 from compaction_assets.lake.deletes import global_spec_ids
-from compaction_assets.lake.features import refusal
+from compaction_assets.lake.features import manifest_refusal, refusal
 from compaction_assets.lake.files import LiveFile, live_files
 from compaction_assets.maintenance.gc import GcPolicy, GcReport, collect_garbage
 from compaction_assets.planning.expiration import ExpireRule, expire_rule
@@ -316,7 +316,7 @@ class Engine:
             wanted = set(only)
             plans = [p for p in plans if p.partition_key in wanted]
         snapshot = table.current_snapshot()
-        manifests = plan_manifests(snapshot.manifests(table.io), policy, refused) if snapshot else None
+        manifests = plan_manifests(snapshot.manifests(table.io), policy, manifest_refusal(table)) if snapshot else None
         replan_at = None
         if policy.full_trigger_interval_ms is not None:
             replan_at = clock.next_due_ms((p.partition_key for p in plans), policy.full_trigger_interval_ms)

@@ -5,6 +5,7 @@ Spark: the rewrite is metadata only."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,8 +20,10 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation
 
 from compaction_assets import faults
-from compaction_assets.commit.ledger import Status
+from compaction_assets.commit import manifest_rewrite
+from compaction_assets.commit.ledger import StaleAttempt, Status
 from compaction_assets.commit.manifest_rewrite import MANIFESTS_REPLACED, ManifestRewriteReport
+from compaction_assets.commit.recovery import recover
 from compaction_assets.config import PolicyConfig, load_config
 from compaction_assets.defs.build import build_definitions
 from compaction_assets.defs.gc_assets import gc_key
@@ -29,6 +32,7 @@ from compaction_assets.defs.resources import CompactionResource
 from compaction_assets.errors import ConfigError
 from compaction_assets.lake.delete_files import commit_delete_files, equality_delete_file, position_delete_file
 from compaction_assets.lake.manifest_cache import live_entries
+from compaction_assets.maintenance.gc import GcPolicy, collect_garbage
 from compaction_assets.planning.planner import Kind
 from compaction_assets.planning.policy import resolve_policy
 from tests.conftest import BY_REGION, SCHEMA, Lake, batch, make_lake
@@ -231,7 +235,70 @@ def test_a_crash_before_the_commit_is_rolled_back_and_one_after_it_confirmed(lak
         assert rows(spec_rows, table) == expected
     metadata_dir = Path(table.location().removeprefix("file://")) / "metadata"
     [rolled_back, committed] = [a.attempt_id for a in sorted(lake.engine.ledger.attempts(), key=lambda a: a.created_at)]
+    # Recovery deletes none of a rolled-back rewrite's manifests (a stalled process may still commit
+    # them): GC's orphan cleanup does, past its grace period, and keeps the committed ones.
+    left = list(metadata_dir.glob(f"{rolled_back}*"))
+    assert left and list(metadata_dir.glob(f"{committed}*"))
+    orphans_only = GcPolicy(max_snapshot_age_ms=86_400_000, min_snapshots_to_keep=100, orphan_grace_ms=0)
+    gc = collect_garbage(lake.table("ns.t"), lake.engine.ledger, orphans_only)
+    assert {p.rsplit("/", 1)[-1] for p in gc.orphan_files} >= {p.name for p in left}
     assert not list(metadata_dir.glob(f"{rolled_back}*")) and list(metadata_dir.glob(f"{committed}*"))
+    assert rows(spec_rows, lake.table("ns.t")) == expected
+
+
+def _stall_until_recovered(lake: Lake) -> Callable[[], None]:
+    """An after_prepare action: the process stalls past the timeout and another one's recovery,
+    taking it for dead, rolls its attempt back."""
+
+    def stall() -> None:
+        time.sleep(1.5)
+        assert recover(lake.catalog, lake.engine.ledger, executing_timeout_seconds=1).rolled_back
+
+    return stall
+
+
+def test_a_stalled_rewrite_that_recovery_rolled_back_does_not_commit(lake: Lake):
+    """The process re-checks its attempt right before the commit: ROLLED_BACK, so no snapshot."""
+    table, expected = streamed(lake)
+    snapshot = table.current_snapshot().snapshot_id
+    faults.arm("after_prepare", _stall_until_recovered(lake))
+    try:
+        with pytest.raises(StaleAttempt, match="found ROLLED_BACK"):
+            lake.engine.rewrite_manifests("ns.t")
+    finally:
+        faults.disarm()
+    assert lake.table("ns.t").current_snapshot().snapshot_id == snapshot
+    assert lake.engine.rewrite_manifests("ns.t").status == "committed"  # the next run redoes it
+    assert len(manifests(table)) == 1 and rows(spec_rows, lake.table("ns.t")) == expected
+
+
+def test_a_commit_landing_after_recovery_rolled_it_back_lists_only_manifests_that_exist(
+    lake: Lake, monkeypatch: pytest.MonkeyPatch
+):
+    """Recovery steps in between the process's re-check and its commit (the re-check passing
+    stands for that window): the commit lands. Recovery deleted none of its manifests, and GC
+    (grace 0) deletes none a snapshot references: the table reads the same throughout."""
+    table, expected = streamed(lake)
+    monkeypatch.setattr(manifest_rewrite, "_still_prepared", lambda ledger, attempt: None)
+    faults.arm("after_prepare", _stall_until_recovered(lake))
+    try:
+        with pytest.raises(StaleAttempt, match="found ROLLED_BACK"):  # confirm_committed, after the commit
+            lake.engine.rewrite_manifests("ns.t")
+    finally:
+        faults.disarm()
+    [attempt] = lake.engine.ledger.attempts(table_name="ns.t")
+    assert attempt.status == Status.ROLLED_BACK and len(manifests(table)) < 24  # the commit landed
+
+    def check() -> None:
+        current = lake.table("ns.t")
+        listed = [m.manifest_path for m in current.current_snapshot().manifests(current.io)]
+        assert all(current.io.new_input(p).exists() for p in listed)
+        assert rows(spec_rows, current) == expected and rows(duckdb_rows, current) == expected
+
+    check()
+    orphans_only = GcPolicy(max_snapshot_age_ms=86_400_000, min_snapshots_to_keep=100, orphan_grace_ms=0)
+    collect_garbage(lake.table("ns.t"), lake.engine.ledger, orphans_only)
+    check()
 
 
 def test_cli_plan_shows_the_table_level_plan_and_rewrite_manifests_runs_it(lake: Lake):
@@ -327,7 +394,7 @@ def test_policy_keys_come_from_the_table_then_the_file_and_are_validated():
 
 
 def test_a_format_version_1_table_is_left_as_it_is(lake: Lake):
-    """Its manifests have no sequence numbers in the layout this rewrite copies: not rewritten."""
+    """The rewrite writes the format-version-2 entry layout: a v1 table's manifests are not due."""
     props = {"format-version": "1", "compaction.rewrite-manifests.min-count": "3"}
     table = lake.catalog.create_table("ns.v1", schema=SCHEMA, partition_spec=BY_REGION, properties=props)
     for i in range(4):
@@ -336,6 +403,37 @@ def test_a_format_version_1_table_is_left_as_it_is(lake: Lake):
 
     report = lake.engine.rewrite_manifests("ns.v1")
 
-    assert report.status == "skipped" and "format-version-2 entry layout" in report.reason, report
+    assert report.status == "skipped" and "format-version-1 table" in report.reason, report
+    assert not lake.engine.plan("ns.v1").manifests.due
     assert lake.table("ns.v1").current_snapshot().snapshot_id == snapshot
     assert lake.engine.ledger.attempts(table_name="ns.v1") == []
+
+
+def test_an_upgraded_v1_tables_manifests_are_merged_into_the_v2_layout_with_their_sequence_numbers(lake: Lake):
+    """12 appends under format version 1, the upgrade, 3 appends: all 15 manifests merge into one
+    v2 manifest, the v1 entries with their inherited sequence number 0, the others with their own;
+    DuckDB, which refuses the v1-layout manifests of an upgraded table, reads it after."""
+    props = {"format-version": "1", "compaction.rewrite-manifests.min-count": "10"}
+    table = lake.catalog.create_table("ns.t", schema=SCHEMA, partition_spec=BY_REGION, properties=props)
+    for i in range(15):
+        if i == 12:
+            with table.transaction() as txn:
+                txn.upgrade_table_version(2)
+        table.append(batch(i * ROWS, ROWS, REGIONS[i % 2]))
+    table = lake.table("ns.t")
+    expected = rows(spec_rows, table)
+    sequence = sequence_numbers(table)
+    assert sorted(s for s, _ in sequence.values()) == [0] * 12 + [1, 2, 3]
+
+    report = lake.engine.rewrite_manifests("ns.t")
+
+    assert report.status == "committed" and len(manifests(table)) == 1, report
+    table = lake.table("ns.t")
+    assert sequence_numbers(table) == sequence
+    assert rows(spec_rows, table) == expected and rows(duckdb_rows, table) == expected
+
+
+def sequence_numbers(table: Table) -> dict[str, tuple[int | None, int | None]]:
+    """Data and file sequence numbers of each live file of the current snapshot."""
+    entries = [e for m in manifests(table) for e in m.fetch_manifest_entry(table.io, discard_deleted=True)]
+    return {e.data_file.file_path: (e.sequence_number, e.file_sequence_number) for e in entries}

@@ -6,7 +6,7 @@ EXISTING, with its own snapshot id, data and file sequence numbers and its data_
 for byte (lake.manifest_io.write_restated), so the same data and delete files, with the same
 sequence numbers and statistics, are live after as before, and deletes apply exactly as before.
 Only the manifests holding them change: entries are clustered (sorted by partition values, then
-path) per content, partition spec and manifest header, and cut into manifests of about
+path) per content and partition spec, and cut into manifests of about
 `commit.manifest.target-size-bytes`, at partition boundaries where a partition fits in one.
 
 Protocol: an EXECUTING ledger attempt (kind rewrite-manifests, partition "", sources: the
@@ -16,9 +16,19 @@ manifests), then one `replace` snapshot tagged with the task and attempt ids, th
 The snapshot is made only if every replaced manifest is still in the head it lands on; manifests
 a concurrent commit added are kept as they are (pyiceberg's retries rebuild the manifest list on
 each new head). A concurrent commit that replaced one of them (a compaction, a delete) makes the
-attempt roll back (its manifests deleted) and the rewrite is planned again on the new head.
-Recovery never recommits a manifest rewrite: committed if a snapshot carries it or references
-one of its manifests, else rolled back (the next plan redoes it; the table never changed).
+attempt roll back (its manifests deleted: its commit did not land) and the rewrite is planned
+again on the new head. Recovery never recommits a manifest rewrite: committed if a snapshot
+carries it or references one of its manifests, else rolled back, its manifests left in place (the
+next plan redoes it). A process recovery took for dead may still commit them; it checks the
+attempt is still PREPARED right before its commit, but recovery can step in after that check, so
+what keeps every snapshot's manifests in place is that recovery deletes none: GC's orphan cleanup
+removes them after its grace period, and only while no snapshot references them.
+
+Manifests are merged per content and partition spec, as planning counts them: those whose entries
+share one Avro layout are restated byte for byte (the table schema their headers record may
+differ, the newest is written); any other group (format-version-1 manifests of an upgraded table)
+is encoded again by pyiceberg's v2 writer, its entries' sequence numbers as inherited (0 for v1).
+A run that would not leave fewer manifests commits nothing.
 
 pyiceberg 0.12 has no RewriteManifests producer: `_RewriteManifests` below is built on its
 private `_SnapshotProducer` (the snapshot, manifest list, commit and retry machinery), the only
@@ -28,25 +38,23 @@ pyiceberg internal this module uses.
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import time
 import uuid
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pyiceberg.exceptions import CommitFailedException, ValidationException
 from pyiceberg.io import FileIO
-from pyiceberg.manifest import ManifestEntry, ManifestEntryStatus, ManifestFile
-from pyiceberg.table import Table, Transaction
+from pyiceberg.manifest import ManifestContent, ManifestEntry, ManifestEntryStatus, ManifestFile, ManifestWriterV2
+from pyiceberg.table import Table, TableProperties, Transaction
 from pyiceberg.table.snapshots import Operation, Snapshot, Summary
 from pyiceberg.table.update.snapshot import _SnapshotProducer  # pyiceberg 0.12 private: no public producer
 from pyiceberg.typedef import EMPTY_DICT
 from pyiceberg.utils.concurrent import ExecutorFactory
 
 from compaction_assets.commit.heartbeat import Heartbeat
-from compaction_assets.commit.ledger import Attempt, Ledger
+from compaction_assets.commit.ledger import Attempt, Ledger, StaleAttempt, Status
 from compaction_assets.commit.two_phase import (
     ATTEMPT_ID_PROPERTY,
     TASK_ID_PROPERTY,
@@ -58,9 +66,16 @@ from compaction_assets.commit.two_phase import (
 from compaction_assets.errors import CompactionError
 from compaction_assets.faults import crash_point
 from compaction_assets.gc_pause import gc_paused
-from compaction_assets.lake.features import refusal
+from compaction_assets.lake.delete_files import _DeleteManifestWriter
+from compaction_assets.lake.features import manifest_refusal
 from compaction_assets.lake.manifest_cache import manifest_contents
-from compaction_assets.lake.manifest_io import ManifestContents, partition_schema, write_restated
+from compaction_assets.lake.manifest_io import (
+    ManifestContents,
+    layout_key,
+    newest_header,
+    partition_schema,
+    write_restated,
+)
 from compaction_assets.planning.manifests import ManifestPlan, plan_manifests
 from compaction_assets.planning.planner import Kind
 from compaction_assets.planning.policy import Policy
@@ -123,7 +138,7 @@ def rewrite_manifests(
         table.refresh()
         snapshot = table.current_snapshot()
         manifests = snapshot.manifests(table.io) if snapshot is not None else []
-        plan = plan_manifests(manifests, policy, refusal(table))
+        plan = plan_manifests(manifests, policy, manifest_refusal(table))
         report = ManifestRewriteReport(
             table_name, "skipped", plan.reason, len(manifests), len(manifests), task_id=task_id
         )
@@ -157,14 +172,13 @@ def _run(
 ) -> None:
     """One attempt: write, prepare, commit; fills `report` (status backed_off: plan again)."""
     chosen = set(plan.paths)
-    sources = [m for m in manifests if m.manifest_path in chosen]
-    read = ExecutorFactory.get_or_create().map(lambda m: manifest_contents(m, table.io), sources)  # one request each
-    contents = {m.manifest_path: found for m, found in zip(sources, read, strict=True)}
-    replaced = [m for m in sources if contents[m.manifest_path].restatable]
-    if len(replaced) < 2:
+    replaced = [m for m in manifests if m.manifest_path in chosen]
+    read = ExecutorFactory.get_or_create().map(lambda m: manifest_contents(m, table.io), replaced)  # one request each
+    contents = {m.manifest_path: found for m, found in zip(replaced, read, strict=True)}
+    outputs = cluster(replaced, contents, policy.manifest_target_size_bytes)
+    if len(outputs) >= len(replaced):
         report.reason = (
-            f"{len(sources) - len(replaced)} of the {len(sources)} small manifests are not in the "
-            f"format-version-2 entry layout this rewrite copies: not rewritten; {plan.reason}"
+            f"merging would leave {len(outputs)} manifest(s) for {len(replaced)}: not rewritten; {plan.reason}"
         )
         return
     entries = sum(len(contents[m.manifest_path].entries) for m in replaced)
@@ -187,9 +201,7 @@ def _run(
             txn = table.transaction()
             properties = {TASK_ID_PROPERTY: attempt.task_id, ATTEMPT_ID_PROPERTY: attempt.attempt_id}
             producer = _RewriteManifests(txn, table.io, properties)
-            written = write_clustered(
-                table, replaced, contents, producer.snapshot_id, policy.manifest_target_size_bytes, attempt.attempt_id
-            )
+            written = write_outputs(table, outputs, producer.snapshot_id, attempt.attempt_id)
             producer.replace(replaced, written, entries)
             ledger.prepare(
                 attempt.attempt_id,
@@ -201,6 +213,7 @@ def _run(
             abandon(table, ledger, attempt, f"could not write the manifests: {exc}")
             raise
         crash_point("after_prepare")
+        _still_prepared(ledger, attempt)
         try:
             with producer:
                 pass
@@ -230,42 +243,79 @@ def _run(
     log.info("%s: rewrote manifests in snapshot %s: %s", table_name, report.snapshot_id, report.reason)
 
 
-def write_clustered(
-    table: Table,
-    manifests: Sequence[ManifestFile],
-    contents: dict[str, ManifestContents],
-    snapshot_id: int,
-    target_bytes: int,
-    prefix: str,
-) -> list[ManifestFile]:
-    """The live entries of `manifests` (restatable ones), EXISTING, in new manifests named
-    `<prefix>-m<n>.avro` in the metadata folder: per header (so per content and spec), sorted by
-    partition values then path, cut at about `target_bytes` (estimated from the sources' bytes
-    per entry and the header's size), at a partition boundary where the partition fits in one."""
-    metadata = table.metadata
-    groups: dict[str, list[tuple[ManifestContents, int]]] = {}
-    sizes: Counter[str] = Counter()  # bytes of the entries, headers left out
-    headers: dict[str, int] = {}  # bytes of the header
+def _still_prepared(ledger: Ledger, attempt: Attempt) -> None:
+    """Raise StaleAttempt unless the attempt is still PREPARED: recovery may have taken a stalled
+    process for dead and rolled it back. This narrows the window, it cannot close it (recovery may
+    step in between this check and the commit): recovery never deletes a manifest rewrite's
+    manifests, so a commit that lands after all lists files that exist (GC's orphan cleanup
+    removes them only once no snapshot references them)."""
+    current = ledger.get(attempt.attempt_id)
+    if current is None or current.status != Status.PREPARED:
+        actual = current.status if current is not None else None
+        raise StaleAttempt(attempt.attempt_id, [Status.PREPARED], actual, ": not committed")
+
+
+@dataclass
+class _Output:
+    """One manifest to write: entries (a source's contents and a position in it) of one content and
+    spec, and the header to restate them under (None: encoded again by pyiceberg's writer)."""
+
+    members: list[tuple[ManifestContents, int]]
+    content: ManifestContent
+    spec_id: int
+    header: dict[str, str] | None
+
+
+def cluster(
+    manifests: Sequence[ManifestFile], contents: dict[str, ManifestContents], target_bytes: int
+) -> list[_Output]:
+    """The live entries of `manifests` as the manifests to write: per content and spec (as
+    planning/manifests.py counts), sorted by partition values then path, cut at about
+    `target_bytes` (estimated from the sources' bytes per entry and the header's size), at a
+    partition boundary where the partition fits in one. A group whose sources all have one entry
+    layout (manifest_io.layout_key: the table schema a header records may differ) is restated
+    byte for byte under the newest header; any other (a format-version-1 manifest of an upgraded
+    table, manifests of engines writing other entry schemas) is encoded again in the v2 layout."""
+    groups: dict[tuple[ManifestContent, int], list[ManifestFile]] = {}
     for manifest in manifests:
-        found = contents[manifest.manifest_path]
-        key = json.dumps(found.header, sort_keys=True)
-        groups.setdefault(key, []).extend((found, i) for i in range(len(found.entries)))
-        headers[key] = HEADER_OVERHEAD + sum(len(k.encode()) + len(v.encode()) for k, v in found.header.items())
-        sizes[key] += max(manifest.manifest_length - headers[key], 1)
-    provider = table.location_provider()
-    numbers = itertools.count()
-    written: list[ManifestFile] = []
-    for key, members in groups.items():
+        groups.setdefault((manifest.content, manifest.partition_spec_id), []).append(manifest)
+    outputs: list[_Output] = []
+    for (content, spec_id), sources in groups.items():
+        found = [contents[m.manifest_path] for m in sources]
+        headers = [c.header for c in found if c.header is not None]
+        uniform = len(headers) == len(found) and len({layout_key(h) for h in headers}) == 1
+        header = newest_header(headers) if uniform else None
+        overhead = HEADER_OVERHEAD + sum(len(k.encode()) + len(v.encode()) for k, v in (header or {}).items())
+        size = sum(max(m.manifest_length - overhead, 1) for m in sources)  # bytes of the entries
+        members = [(c, i) for c in found for i in range(len(c.entries))]
         if not members:
             continue
-        capacity = max(1, int(max(target_bytes - headers[key], 1) * len(members) / sizes[key]))
+        capacity = max(1, int(max(target_bytes - overhead, 1) * len(members) / size))
         members.sort(key=lambda m: _cluster_key(m[0].entries[m[1]]))
-        spec_id = members[0][0].entries[members[0][1]].data_file.spec_id
-        spec, schema = metadata.specs()[spec_id], partition_schema(metadata, spec_id)
-        for chunk in _chunks(members, capacity):
-            output = table.io.new_output(provider.new_metadata_location(f"{prefix}-m{next(numbers)}.avro"))
-            parts = [(c, [i for _, i in run]) for c, run in itertools.groupby(chunk, key=lambda m: m[0])]
+        outputs.extend(_Output(chunk, content, spec_id, header) for chunk in _chunks(members, capacity))
+    return outputs
+
+
+def write_outputs(table: Table, outputs: Sequence[_Output], snapshot_id: int, prefix: str) -> list[ManifestFile]:
+    """Write each output, EXISTING, as `<prefix>-m<n>.avro` in the metadata folder."""
+    metadata = table.metadata
+    provider = table.location_provider()
+    compression = metadata.properties.get(
+        TableProperties.WRITE_AVRO_COMPRESSION, TableProperties.WRITE_AVRO_COMPRESSION_DEFAULT
+    )
+    written: list[ManifestFile] = []
+    for n, out in enumerate(outputs):
+        spec, schema = metadata.specs()[out.spec_id], partition_schema(metadata, out.spec_id)
+        output = table.io.new_output(provider.new_metadata_location(f"{prefix}-m{n}.avro"))
+        if out.header is not None:
+            parts = [(c, [i for _, i in run]) for c, run in itertools.groupby(out.members, key=lambda m: m[0])]
             written.append(write_restated(output, parts, ManifestEntryStatus.EXISTING, snapshot_id, spec, schema))
+            continue
+        writer_type = ManifestWriterV2 if out.content == ManifestContent.DATA else _DeleteManifestWriter
+        with writer_type(spec, schema, output, snapshot_id, compression) as writer:
+            for c, i in out.members:
+                writer.existing(c.entries[i])  # v1 entries' sequence numbers: inherited (0), written out
+        written.append(writer.to_manifest_file())
     return written
 
 

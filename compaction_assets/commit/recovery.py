@@ -18,7 +18,8 @@ A PREPARED attempt whose recovery raised PARK_AFTER times is parked: FAILED with
 nothing deleted (its result files are either referenced by the table, or uncommitted and left to
 GC's orphan collection after the grace period).
 A manifest rewrite (kind rewrite-manifests) is never recommitted: committed if a snapshot carries it
-or lists one of its manifests, else rolled back (its manifests deleted; the table never changed).
+or lists one of its manifests, else rolled back with its manifests left in place (its process, if
+only stalled, may still commit them; GC's orphan cleanup deletes them once no snapshot references them).
 EXECUTING: mark FAILED, delete the files it wrote that nothing references.
 """
 
@@ -35,7 +36,7 @@ from pyiceberg.table import Table
 
 from compaction_assets.commit import manifest_rewrite
 from compaction_assets.commit.ledger import Attempt, Ledger, StaleAttempt, Status
-from compaction_assets.commit.two_phase import abandon, commit_prepared, commit_snapshot, confirm_committed, roll_back
+from compaction_assets.commit.two_phase import abandon, commit_prepared, commit_snapshot, confirm_committed
 from compaction_assets.errors import BackOff, CompactionError
 from compaction_assets.lake.catalog import TableNotFound, load_table
 from compaction_assets.lake.manifest_cache import live_entries
@@ -153,7 +154,12 @@ def _recover_prepared(catalog: Catalog, ledger: Ledger, attempt: Attempt, report
             confirm_committed(table, ledger, attempt, committed)
             report.confirmed.append(attempt.attempt_id)
         else:
-            roll_back(table, ledger, attempt, "a manifest rewrite is not recommitted: the next plan redoes it")
+            # Its manifests stay: a process taken for dead may still commit them. GC's orphan
+            # cleanup deletes them once past its grace period and referenced by no snapshot.
+            ledger.mark_rolled_back(
+                attempt.attempt_id,
+                "a manifest rewrite is not recommitted: the next plan redoes it; its manifests are left to GC",
+            )
             report.rolled_back.append(attempt.attempt_id)
         return
     if (snapshot := commit_snapshot(table, attempt)) is not None:

@@ -52,6 +52,7 @@ _V2_LEADING_FIELDS = [
     ("sequence_number", ["null", "long"]),
     ("file_sequence_number", ["null", "long"]),
 ]
+_INFORMATIONAL_KEYS = ("schema", "schema-id")  # header keys that do not change how entries decode
 BLOCK_BYTES = 1024 * 1024  # uncompressed bytes per Avro block written
 
 
@@ -109,16 +110,18 @@ def write_restated(
     schema: Schema,
 ) -> ManifestFile:
     """Write the entries at the given positions of each part's manifest with a new status, into
-    one manifest of snapshot `snapshot_id` carrying the parts' common header.
+    one manifest of snapshot `snapshot_id`. The parts' headers may differ only in the table schema
+    they record (informational: the entries' Avro schema is the same); the newest one is written.
 
     DELETED entries get `snapshot_id`, EXISTING ones keep their own; sequence numbers are kept,
     written out.
     Returns its manifest-list entry (content as the header says), counted as pyiceberg's
     ManifestWriter counts.
     """
-    first = parts[0][0].header
-    if first is None or any(contents.header != first for contents, _ in parts):
-        raise ValueError("restated entries must come from restatable manifests with one header")
+    headers = [contents.header for contents, _ in parts]
+    if any(h is None for h in headers) or len({layout_key(h) for h in headers if h is not None}) != 1:
+        raise ValueError("restated entries must come from restatable manifests with one entry layout")
+    first = newest_header([h for h in headers if h is not None])
     deleted = status == ManifestEntryStatus.DELETED
     sync = os.urandom(SYNC_SIZE)
     out = io.BytesIO()
@@ -194,6 +197,18 @@ def partition_schema(metadata: TableMetadata, spec_id: int) -> Schema:
         if sources <= schema._lazy_id_to_field.keys():
             return schema
     return metadata.schema()
+
+
+def layout_key(header: dict[str, str]) -> str:
+    """A manifest header without the table schema it records (`schema`, `schema-id`: informational,
+    as Java writes a rewritten manifest with the current schema): headers with one key hold entries
+    of one Avro schema, content and partition spec, so their entries' bytes can share a file."""
+    return json.dumps({k: v for k, v in header.items() if k not in _INFORMATIONAL_KEYS}, sort_keys=True)
+
+
+def newest_header(headers: Sequence[dict[str, str]]) -> dict[str, str]:
+    """Of headers with one layout_key, the one recording the newest table schema."""
+    return max(headers, key=lambda h: int(h["schema-id"]) if h.get("schema-id", "").isdigit() else -1)
 
 
 def _has_v2_layout(meta: dict[str, str]) -> bool:
