@@ -7,7 +7,9 @@ Delete files listed for a source (merge-on-read) are applied to its batches as t
 (execution/deletes.py); a group with deletes never takes the Polars path. Writing goes through
 pyiceberg's Parquet writer, so result files carry field ids and the column statistics pyiceberg
 computes. Both stream record batches: memory is bounded by one row-group buffer (plus the group's
-delete keys and positions), not by the size of the group.
+delete keys and positions), not by the size of the group. A sorted or z-ordered group (major,
+full and cluster rewrites of a table with a sort order or z-order columns) goes through the
+external sort (execution/external_sort.py), bounded by the job's sort budget.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyiceberg.io import FileIO, OutputFile, OutputStream, load_file_io
 from pyiceberg.io.fileformat import FileFormatFactory, FileFormatWriter
 from pyiceberg.io.pyarrow import _to_requested_schema
@@ -32,6 +33,7 @@ from pyiceberg.typedef import Record
 from compaction_assets.errors import InputFileError
 from compaction_assets.execution import polars_rewrite
 from compaction_assets.execution.deletes import GroupDeletes
+from compaction_assets.execution.external_sort import DEFAULT_BUDGET_BYTES, ExternalSort, SortSpec
 from compaction_assets.execution.source_reader import SourceReader
 from compaction_assets.faults import crash_point
 from compaction_assets.lake.datafile_codec import datafile_from_json, datafile_to_json, decode_partition
@@ -40,7 +42,7 @@ MiB = 1024 * 1024
 MAX_BUFFER_BYTES = 32 * MiB  # Arrow bytes buffered before a row group is written
 RESULT_SCHEMA = (
     "group INT, data_files STRING, error STRING, rows_read BIGINT, bytes_read BIGINT, peak_rss BIGINT, engine STRING, "
-    "rows_deleted BIGINT, seconds DOUBLE"
+    "rows_deleted BIGINT, seconds DOUBLE, spill_files INT"
 )
 
 
@@ -76,6 +78,7 @@ class GroupSpec:
     max_files: int  # roll to a new file at the target size only while fewer than this exist
     polars: bool  # the driver found the group fit for Polars (polars_rewrite.qualifies)
     deletes: list[DeleteSpec] = field(default_factory=list)  # delete files some of its sources need applied
+    sort: bool = False  # rewritten in the job's order (sort_columns, or zorder_columns when set)
 
 
 @dataclass(frozen=True)
@@ -87,7 +90,9 @@ class RewriteJob:
     target_file_size_bytes: int
     groups: list[GroupSpec]
     tasks: list[list[int]]  # group indices per Spark task (execution/packing)
-    sort_columns: list[tuple[str, str]] = field(default_factory=list)  # (column, ascending|descending)
+    sort_columns: list[tuple[str, str]] = field(default_factory=list)  # (file-schema column, ascending|descending)
+    zorder_columns: list[str] = field(default_factory=list)  # file-schema columns; win over sort_columns
+    sort_budget_bytes: int = DEFAULT_BUDGET_BYTES  # Arrow bytes a sorted group holds in memory (external_sort)
 
     def to_json(self) -> str:
         # vars, not dataclasses.asdict: asdict deep-copies every SourceFile (0.05 s for 5,000)
@@ -109,6 +114,10 @@ class RewriteJob:
         doc["sort_columns"] = [tuple(c) for c in doc["sort_columns"]]
         return RewriteJob(**doc)
 
+    @property
+    def sort_spec(self) -> SortSpec:
+        return SortSpec(tuple(self.sort_columns), tuple(self.zorder_columns))
+
 
 @dataclass
 class GroupOutcome:
@@ -121,6 +130,7 @@ class GroupOutcome:
     engine: str = "arrow"  # polars (whole group in Polars) | arrow (pyarrow, per-file projection where needed)
     rows_deleted: int = 0  # rows of rows_read that deletes removed (rows written = rows_read - rows_deleted)
     seconds: float = 0.0  # spent in rewrite_group (the rest of a Spark job is dispatch and hand-off)
+    spill_files: int = 0  # runs a sorted group spilled to local disk (0: sorted in memory, or unsorted)
 
 
 def rewrite_partition_batches(job_json: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -144,6 +154,7 @@ def rewrite_partition_batches(job_json: str, batches: Iterator[pa.RecordBatch]) 
                         "engine": outcome.engine,
                         "rows_deleted": outcome.rows_deleted,
                         "seconds": seconds,
+                        "spill_files": outcome.spill_files,
                     }
                 ],
                 schema=_RESULT_ARROW_SCHEMA,
@@ -161,6 +172,7 @@ _RESULT_ARROW_SCHEMA = pa.schema(
         ("engine", pa.string()),
         ("rows_deleted", pa.int64()),
         ("seconds", pa.float64()),
+        ("spill_files", pa.int32()),
     ]
 )
 
@@ -176,6 +188,7 @@ def outcome_from_row(row: dict) -> GroupOutcome:
         engine=row["engine"],
         rows_deleted=row["rows_deleted"],
         seconds=row["seconds"],
+        spill_files=row["spill_files"],
     )
 
 
@@ -195,17 +208,23 @@ def rewrite_group(job: RewriteJob, index: int) -> GroupOutcome:
     reader = SourceReader(metadata, io, spec.sources, partition, spec.spec_id, writer.convert, deletes)
     if (written := _rewrite_with_polars(spec, metadata, io, partition, reader, writer)) is not None:
         return GroupOutcome(index, written, None, sum(s.records for s in spec.sources), bytes_in, peak_rss(), "polars")
+    sorter = ExternalSort(job.sort_spec, job.sort_budget_bytes) if spec.sort and job.sort_spec else None
     try:
-        batches = reader.batches()
-        if job.sort_columns:
-            batches = _sorted(batches, job.sort_columns)
-        for batch in batches:
-            writer.write(batch)
-            if reader.rows_read >= spec.sources[0].records:  # decoded, so deletes cannot skip it
-                crash_point("worker_mid_group")
+        with contextlib.closing(sorter.sorted(reader.batches()) if sorter else reader.batches()) as batches:
+            for batch in batches:
+                writer.write(batch)
+                if reader.rows_read >= spec.sources[0].records:  # decoded, so deletes cannot skip it
+                    crash_point("worker_mid_group")
         written = writer.close()
         return GroupOutcome(
-            index, written, None, reader.rows_read, bytes_in, peak_rss(), rows_deleted=deletes.rows_deleted
+            index,
+            written,
+            None,
+            reader.rows_read,
+            bytes_in,
+            peak_rss(),
+            rows_deleted=deletes.rows_deleted,
+            spill_files=sorter.spill_files if sorter else 0,
         )
     except Exception as exc:  # reported to the driver, which fails the attempt with this message
         writer.abort()
@@ -262,14 +281,6 @@ def peak_rss(status: Path = Path("/proc/self/status")) -> int:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) * 1024
     return 0
-
-
-def _sorted(batches: Iterator[pa.RecordBatch], sort_columns: list[tuple[str, str]]) -> Iterator[pa.RecordBatch]:
-    """Sort a whole group (major compaction of a sorted table); bounded by max_group_bytes."""
-    table = pa.Table.from_batches(list(batches))
-    if table.num_rows == 0:
-        return iter(())
-    return iter(table.take(pc.sort_indices(table, sort_keys=sort_columns)).to_batches())
 
 
 class _TrackedOutput(OutputFile):

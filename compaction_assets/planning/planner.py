@@ -22,11 +22,18 @@ picks, first match wins:
 3. `convert-equality-deletes` when at least `equality_delete_file_threshold` equality-delete files
    of the partition alone (below) apply, and reading the key columns of the data files they apply to
    costs less than 1/4 of those files' bytes (what a rewrite would read);
-4. `rewrite-position-deletes` when at least `position_delete_file_threshold` small position-delete
+4. `cluster` (when the table has a sort order or z-order columns and nothing above fires): the
+   partition's files are healthy in size but badly clustered: their bounds_overlap
+   (planning/overlap.py) on the clustering columns is at least `cluster_min_overlap`. Every data
+   file of the current spec is rewritten sorted / z-ordered, bin-packed into groups of at most
+   max_group_bytes. A partition whose data files all came from our last cluster rewrite of it is
+   left alone, however much they still overlap (`clustered`: the engine reads them from the ledger),
+   so an unchanged partition is clustered once, not forever;
+5. `rewrite-position-deletes` when at least `position_delete_file_threshold` small position-delete
    files of the partition alone apply (small: undersized, < min_target_size_ratio x target, as
    the min-file-size of Iceberg's rewrite_position_delete_files);
-5. nothing, with the reason.
-A tier plan (3, 4) has no groups: it carries the delete files to replace (`delete_paths`) and the
+6. nothing, with the reason.
+A tier plan (3, 5) has no groups: it carries the delete files to replace (`delete_paths`) and the
 data files they apply to (`covered_data_paths`). A tier replaces only delete files of the partition
 itself that apply to no other partition's data files: a global delete (of an unpartitioned spec)
 in a partitioned table applies across partitions, and only data rewrites apply it.
@@ -36,7 +43,10 @@ Benefit (plans are ranked by it; the sensor maps it onto run priority, planning/
 files removed per MiB read (data files: inputs - expected outputs; delete files that will apply
 to nothing any more) + READS_SAVED_WEIGHT (10) x the drop in read amplification the plan brings.
 So a partition whose readers decode three rows per live row (half its rows deleted) outranks one
-whose rewrite merges a few 1 MiB files.
+whose rewrite merges a few 1 MiB files. A cluster plan removes no files; its benefit is
+CLUSTER_WEIGHT (0.5) x the overlap drop expected (bounds_overlap - 1: as if each output file met
+one neighbour) per MiB read, so it ranks below a fragmented partition of similar size (one file
+removed per MiB is 1.0) and a badly clustered small partition above a slightly clustered large one.
 """
 
 from __future__ import annotations
@@ -50,12 +60,15 @@ from typing import Protocol
 from pyiceberg.manifest import DataFile, DataFileContent
 
 from compaction_assets.lake.deletes import ApplyingDeletes
+from compaction_assets.planning.overlap import Clustering, bounds_overlap
 from compaction_assets.planning.policy import MiB, Policy
 
 # Benefit points for reads saved: a partition whose readers decode twice the rows they return
 # (read amplification 2.0, brought to 1.0) ranks like one whose rewrite removes 10 files per MiB.
 READS_SAVED_WEIGHT = 10.0
 CONVERSION_MAX_COST_SHARE = 0.25  # an equality-delete conversion must read < 1/4 of a rewrite's bytes
+CLUSTER_WEIGHT = 0.5  # benefit points per unit of overlap dropped per MiB read (see the module doc)
+CLUSTERED_OVERLAP = 1.0  # the overlap a clustered rewrite is expected to leave
 
 
 class Kind(StrEnum):
@@ -176,6 +189,7 @@ class PartitionStats:
     deleted_rows: int = 0  # estimate: the record counts of the applying delete files
     delete_ratio: float = 0.0  # deleted_rows / records, at most 1
     read_amplification: float = 1.0  # see read_amplification()
+    bounds_overlap: float | None = None  # on the clustering columns (planning/overlap.py); None: not clustered
 
     @property
     def avg_file_bytes(self) -> int:
@@ -244,8 +258,13 @@ class _Bin:
 
 
 def partition_stats(
-    partition_key: str, files: Sequence[FileStat], policy: Policy, deletes: DeleteMap | None = None
+    partition_key: str,
+    files: Sequence[FileStat],
+    policy: Policy,
+    deletes: DeleteMap | None = None,
+    clustering: Clustering | None = None,
 ) -> PartitionStats:
+    """`clustering`: the table's clustering columns, whose bounds_overlap is measured (None: not)."""
     deletes = deletes or DeleteMap()
     data = [f for f in files if not f.is_delete]
     records = sum(f.record_count for f in data)
@@ -270,6 +289,7 @@ def partition_stats(
         deleted_rows=deleted,
         delete_ratio=min(1.0, deleted / records) if records else 0.0,
         read_amplification=read_amplification(records, deleted),
+        bounds_overlap=bounds_overlap([f.data_file for f in data], clustering) if clustering else None,
     )
 
 
@@ -281,14 +301,18 @@ def plan_partition(
     in_flight: Collection[str] = (),
     deletes: DeleteMap | None = None,
     refused: str = "",
+    clustering: Clustering | None = None,
+    clustered: Collection[str] = frozenset(),
 ) -> PartitionPlan:
     """Decide a data rewrite, a cheaper tier or nothing for one partition (see the module doc).
 
     `deletes`: which delete files apply to which data files, for the whole table (global deletes
     live in another partition); None: computed from `files` alone. A non-empty `refused` is why
-    the table is not compacted at all: the plan is nothing, with that reason."""
+    the table is not compacted at all: the plan is nothing, with that reason. `clustering`: the
+    table's clustering columns (None: no sort order, no z-order); `clustered`: the data files our
+    last cluster rewrite of their partition wrote."""
     deletes = deletes if deletes is not None else DeleteMap.of(files)
-    stats = partition_stats(partition_key, files, policy, deletes)
+    stats = partition_stats(partition_key, files, policy, deletes, clustering)
     if refused:
         return PartitionPlan(stats, None, reason=refused)
     load = _load_text(stats)
@@ -298,6 +322,11 @@ def plan_partition(
     rewrite = _plan_rewrite(stats, files, policy, current_spec_id, in_flight, deletes)
     if isinstance(rewrite, PartitionPlan):
         return replace(rewrite, reason=f"{rewrite.reason}; {load}")
+    if clustering is not None:
+        cluster = _plan_cluster(stats, files, policy, current_spec_id, in_flight, clustering, clustered)
+        if isinstance(cluster, PartitionPlan):
+            return replace(cluster, reason=f"{cluster.reason}; {load}")
+        rewrite = f"{rewrite}; {cluster}"
     for tier in (_plan_equality_conversion, _plan_position_rewrite):
         plan = tier(stats, files, policy, in_flight, deletes)
         if isinstance(plan, PartitionPlan):
@@ -313,9 +342,12 @@ def plan_table(
     in_flight: Collection[str] = (),
     deletes: DeleteMap | None = None,
     refused: str = "",
+    clustering: Clustering | None = None,
+    clustered: Collection[str] = frozenset(),
 ) -> list[PartitionPlan]:
     """Plan every partition (files grouped by partition id); best benefit first, then partition key.
-    `deletes`: DeleteMap.of(files) when None (the engine passes the one it also builds jobs from).
+    `deletes`: DeleteMap.of(files) when None (the engine passes the one it also builds jobs from);
+    `clustering`, `clustered`: see plan_partition.
 
     Raises:
         ValueError: two partitions share a key (keys must be injective: the CLI, the ledger and
@@ -330,7 +362,9 @@ def plan_table(
     if clashes := sorted(k for k, n in keys.items() if n > 1):
         raise ValueError(f"partition key {clashes[0]!r} names {keys[clashes[0]]} different partitions")
     plans = [
-        plan_partition(v[0].partition_key, v, policy, current_spec_id, in_flight, deletes, refused)
+        plan_partition(
+            v[0].partition_key, v, policy, current_spec_id, in_flight, deletes, refused, clustering, clustered
+        )
         for v in by_partition.values()
     ]
     return sorted(plans, key=lambda p: (-p.benefit, p.partition_key))
@@ -390,6 +424,42 @@ def _plan_rewrite(
     after = read_amplification(stats.records - removed_rows, stats.deleted_rows - removed_rows)
     files_removed = sum(len(g.paths) - g.expected_outputs for g in groups) + len(removed)
     return _benefit(plan, files_removed, sum(g.bytes for g in groups), stats.read_amplification - after)
+
+
+def _plan_cluster(
+    stats: PartitionStats,
+    files: Sequence[FileStat],
+    policy: Policy,
+    current_spec_id: int,
+    in_flight: Collection[str],
+    clustering: Clustering,
+    clustered: Collection[str],
+) -> PartitionPlan | str:
+    """cluster: the partition rewritten sorted / z-ordered, or why not."""
+    overlap = stats.bounds_overlap or 0.0
+    measured = f"bounds overlap {overlap:.2f} on {clustering.describe()}"
+    data = [f for f in files if not f.is_delete]
+    candidates = [f for f in data if f.spec_id == current_spec_id]
+    if len(candidates) < 2:
+        return f"{measured}: fewer than 2 data files of the current spec, nothing to cluster"
+    if overlap < policy.cluster_min_overlap:
+        return f"{measured} < cluster-min-overlap={policy.cluster_min_overlap:g}"
+    if all(f.path in clustered for f in data):
+        return f"{measured}, but every file comes from our last cluster rewrite of it: not clustered again"
+    if busy := [f for f in candidates if f.path in in_flight]:
+        return f"{measured}, but {len(busy)} of its file(s) are held by a running attempt: not clustered now"
+    groups = tuple(_to_group(b, policy) for b in _bin_pack(candidates, policy.max_group_bytes))
+    plan = PartitionPlan(
+        stats,
+        Kind.CLUSTER,
+        groups,
+        reason=(
+            f"{Kind.CLUSTER}: {measured} >= cluster-min-overlap={policy.cluster_min_overlap:g}; "
+            f"{len(candidates)} file(s) rewritten in {len(groups)} group(s)"
+        ),
+    )
+    per_mib = max(overlap - CLUSTERED_OVERLAP, 0.0) / (max(plan.input_bytes, 1) / MiB)
+    return replace(plan, benefit=CLUSTER_WEIGHT * per_mib)
 
 
 def _plan_equality_conversion(
