@@ -244,7 +244,7 @@ def test_zorder_clusters_healthy_files_once_and_again_after_new_files(lake, spar
     before, after = outcome.bounds_overlap["before"], outcome.bounds_overlap["after"]
     assert before == 7.0 and after < before / 2, outcome.bounds_overlap
     table = lake.table("ns.t")
-    assert bounds_overlap(data_file_list(table), lake.engine.plan("ns.t").clustering) == after
+    assert bounds_overlap(data_file_list(table), lake.engine.plan("ns.t").clustering) == pytest.approx(after, abs=1e-3)
     assert multiset(table) == expected
     assert_duckdb_reads_what_pyiceberg_reads(table)
     assert not list(spark_local_dir(spark).glob("compaction-sort-*"))
@@ -266,7 +266,8 @@ def test_zorder_wins_over_the_sort_order_and_major_uses_it(lake):
     chunks = [c.slice(0, 2_000) for c in shuffled(seed=8)]
     table = make_table(lake, chunks, {"compaction.zorder-columns": "a, b"}, sort_order=order)
     with table.transaction() as txn:
-        txn.set_properties({"compaction.target-file-size-bytes": str(64 * 1024 * 1024)})
+        largest = max(f.file_size_in_bytes for f in data_file_list(table))
+        txn.set_properties({"compaction.target-file-size-bytes": str(4 * largest)})  # undersized, no fragments
     tplan = lake.engine.plan("ns.t")
     assert tplan.clustering.describe() == "zorder(a, b)"
     [outcome] = lake.engine.compact("ns.t")
@@ -291,8 +292,9 @@ def test_a_source_failing_mid_sort_fails_the_attempt_and_leaves_no_spill(lake, s
     last = max(data_file_list(lake.table("ns.t")), key=lambda f: f.file_path)
     path = Path(local(last.file_path))
     raw = bytearray(path.read_bytes())
-    middle = len(raw) // 2
-    raw[middle - 2000 : middle + 2000] = os.urandom(4000)  # pages, not the footer: fails while decoding
+    footer = int.from_bytes(raw[-8:-4], "little")
+    data_end = len(raw) - 8 - footer
+    raw[4:data_end] = os.urandom(data_end - 4)  # every page, not the footer: fails while decoding
     path.write_bytes(bytes(raw))
 
     [outcome] = lake.engine.compact("ns.t")
