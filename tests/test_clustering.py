@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -12,17 +14,22 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from pyiceberg.conversions import to_bytes
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.schema import Schema
 from pyiceberg.table.sorting import NullOrder, SortDirection, SortField, SortOrder
 from pyiceberg.transforms import IdentityTransform
-from pyiceberg.types import DoubleType, LongType, NestedField, StringType, TimestamptzType
+from pyiceberg.typedef import Record
+from pyiceberg.types import DoubleType, LongType, NestedField, StringType
 
 from compaction_assets.demo import append_fragments
 from compaction_assets.errors import ConfigError
 from compaction_assets.execution.external_sort import ExternalSort, SortSpec, spill_root
 from compaction_assets.lake import ordinal
 from compaction_assets.lake.files import live_files
-from compaction_assets.planning.overlap import bounds_overlap
+from compaction_assets.planning.overlap import Clustering, bounds_overlap
+from compaction_assets.planning.planner import plan_partition, plan_table
+from compaction_assets.planning.policy import Policy
 from tests.conftest import BY_REGION
 from tests.lakekit.oracle import row_key
 from tests.test_asset_check import materialization_metadata, run_partition
@@ -173,7 +180,7 @@ def test_the_spill_dir_is_removed_when_the_input_fails_or_the_consumer_stops(tmp
 
 def test_ordinals_never_reverse_the_order_of_values():
     table = typed_rows(5_000, seed=11).append_column(
-        "d", pa.array(np.random.default_rng(1).integers(-10**6, 10**6, 5_000)).cast(pa.decimal128(22, 2))
+        "d", pa.array(np.random.default_rng(1).integers(-(10**6), 10**6, 5_000)).cast(pa.decimal128(22, 2))
     )
     for name in table.column_names:
         ordered = table.take(pc.sort_indices(table, sort_keys=[(name, "ascending")])).column(name)
@@ -319,3 +326,83 @@ def test_the_materialisation_reports_kind_cluster_and_bounds_overlap(lake):
     assert meta["kind"] == "cluster"
     assert meta["bounds_overlap"]["columns"] == ["a", "s"]
     assert meta["bounds_overlap"]["after"] < meta["bounds_overlap"]["before"] == 7.0
+
+
+# ------------------------------------------------------------------ the planner's rules
+
+
+@dataclass(frozen=True)
+class Stat:
+    """A data file as the planner sees it, with bounds on column `a` (field id 3)."""
+
+    path: str
+    size: int
+    low: int
+    high: int
+    partition_key: str = "p=1"
+    added_at_ms: int = 0
+    spec_id: int = 0
+    record_count: int = 100
+    data_sequence_number: int = 1
+    is_delete: bool = False
+
+    @property
+    def data_bytes(self) -> int:
+        return self.size
+
+    @property
+    def partition_id(self) -> tuple:
+        return self.spec_id, self.partition_key
+
+    @cached_property
+    def data_file(self) -> DataFile:
+        data_file = DataFile.from_args(
+            content=DataFileContent.DATA,
+            file_path=self.path,
+            file_format=FileFormat.PARQUET,
+            partition=Record(self.partition_key),
+            record_count=self.record_count,
+            file_size_in_bytes=self.size,
+            lower_bounds={3: to_bytes(LongType(), self.low)},
+            upper_bounds={3: to_bytes(LongType(), self.high)},
+        )
+        data_file.spec_id = self.spec_id
+        return data_file
+
+
+MB = 1024 * 1024
+CLUSTER_POLICY = Policy(target_file_size_bytes=64 * MB, max_group_bytes=1024 * MB, cluster_min_overlap=2.0)
+ON_A = Clustering(("a",), (3,), (LongType(),), zorder=False)
+
+
+def spread(n: int, key: str, size: int = 64 * MB, disjoint: bool = False) -> list[Stat]:
+    return [
+        Stat(f"s3://b/{key}/f{i}.parquet", size, i * 10 if disjoint else 0, i * 10 + 9 if disjoint else 1000, key)
+        for i in range(n)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("files", "clustered", "kind", "reason"),
+    [
+        (spread(6, "p=1"), set(), "cluster", "cluster: bounds overlap 5.00 on sort(a) >= cluster-min-overlap=2"),
+        (spread(6, "p=1", disjoint=True), set(), None, "bounds overlap 0.00 on sort(a) < cluster-min-overlap=2"),
+        (spread(6, "p=1"), {f"s3://b/p=1/f{i}.parquet" for i in range(6)}, None, "from our last cluster rewrite"),
+        (spread(6, "p=1", size=MB), set(), "minor", "minor: 6 fragment(s)"),
+        (spread(1, "p=1"), set(), None, "fewer than 2 data files"),
+    ],
+    ids=["overlapping", "disjoint", "our-own-cluster-output", "fragments-win", "one-file"],
+)
+def test_planner_clusters_healthy_overlapping_partitions_once(files, clustered, kind, reason):
+    plan = plan_partition("p=1", files, CLUSTER_POLICY, 0, clustering=ON_A, clustered=clustered)
+    assert plan.kind == kind and reason in plan.reason, plan.reason
+
+
+def test_cluster_ranks_below_fragmentation_of_similar_size():
+    fragmented = [
+        Stat(f"s3://b/p=2/f{i}.parquet", 3 * MB, i * 10, i * 10 + 9, "p=2") for i in range(128)
+    ]  # 384 MiB of fragments
+    overlapping = spread(6, "p=1")  # 384 MiB, every file spans everything
+    plans = plan_table([*overlapping, *fragmented], CLUSTER_POLICY, 0, clustering=ON_A)
+    assert [(p.partition_key, p.kind) for p in plans] == [("p=2", "minor"), ("p=1", "cluster")]
+    assert 0 < plans[1].benefit < plans[0].benefit

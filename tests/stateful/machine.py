@@ -136,6 +136,10 @@ MOR_TUNINGS: dict[str, dict[str, str]] = {
     },
     "configured": {},
 }
+# Clustering (issue 20): a sort order or z-order columns make majors and fulls sort, and healthy but
+# overlapping partitions cluster; a tiny sort budget sends every sorted group through spill runs.
+CLUSTERINGS = ["sort id", "sort cat desc, id", "zorder cat,id", "zorder at,amount", "off"]
+CLUSTER_PROPERTIES = {"compaction.cluster.min-overlap": "0.5", "compaction.sort.memory-bytes": "2048"}
 RACE_AT = ["after_prepare", "in_commit"]  # before our commit's first try / between its check and CAS
 
 
@@ -361,6 +365,9 @@ class TableHistory(RuleBasedStateMachine):
             FIGURES.outcomes[outcome.status] += 1
             if outcome.status == "committed":
                 FIGURES.outcomes[f"committed {outcome.kind}"] += 1
+                if outcome.bounds_overlap:  # a sorted / z-ordered rewrite, in memory or through spill runs
+                    spilled = " spilled" if outcome.spill_files else ""
+                    FIGURES.outcomes[f"sorted by {outcome.bounds_overlap['order']}{spilled}"] += 1
                 FIGURES.outcomes[f"rewritten by {outcome.engine or 'none'}"] += 1
 
     @contextmanager
@@ -518,6 +525,28 @@ class TableHistory(RuleBasedStateMachine):
                 txn.set_properties(props)
             elif tuned := {k for p in MOR_TUNINGS.values() for k in p} & set(table.properties):
                 txn.remove_properties(*tuned)
+
+    @rule(mode=st.sampled_from(CLUSTERINGS))
+    def set_clustering(self, mode: str) -> None:
+        """A sort order (pyiceberg's update_sort_order, as another engine's user sets it) or z-order
+        columns (the table property), or neither: later majors, fulls and clusters sort by it."""
+        if not self._count(f"cluster_{mode.split()[0]}"):
+            return
+        table = self.table()
+        with table.transaction() as txn:
+            with txn.update_sort_order() as order:
+                if mode == "sort id":
+                    order.asc("id", IdentityTransform())
+                elif mode.startswith("sort cat"):
+                    order.desc("cat", IdentityTransform()).asc("id", IdentityTransform())
+            if mode.startswith("zorder"):
+                txn.set_properties({"compaction.zorder-columns": mode.split()[1], **CLUSTER_PROPERTIES})
+            elif mode.startswith("sort"):
+                txn.set_properties(CLUSTER_PROPERTIES)
+                if "compaction.zorder-columns" in table.properties:
+                    txn.remove_properties("compaction.zorder-columns")
+            elif present := {"compaction.zorder-columns", *CLUSTER_PROPERTIES} & set(table.properties):
+                txn.remove_properties(*present)
 
     @rule()
     def expire_snapshots_by_another_engine(self) -> None:
