@@ -38,7 +38,7 @@ from compaction_assets.lake import ordinal
 
 MiB = 1024 * 1024
 DEFAULT_BUDGET_BYTES = 128 * MiB
-SAMPLE_ROWS = 64  # sampled per batch when choosing splitters
+SAMPLE_ROWS = 20_000  # sampled from a run (at most about this many) when choosing its splitters
 MAX_RANGES = 64  # runs one split writes at once
 OUTPUT_ROWS = 65_536  # rows per batch handed on
 Z_COLUMN = "_compaction_zorder_value"
@@ -173,7 +173,9 @@ class ExternalSort:
             batches = [transform(b) if transform else b for b in run.batches()]
             run.delete()
             if batches:
-                yield from self._output(_sorted_table(pa.Table.from_batches(batches), self._keys))
+                ordered = _sorted_table(pa.Table.from_batches(batches), self._keys)
+                del batches  # only the sorted copy stays while its rows are handed on
+                yield from self._output(ordered)
             return
         name, direction = self._keys[level]
         sample = self._survey(run, name, transform)
@@ -199,6 +201,7 @@ class ExternalSort:
         """Sorted distinct splitter candidates of column `name` (a random sample plus its smallest
         value), or None when the run cannot be split on it (every row equal: one value, all NaN or all null)."""
         picked: list[pa.Array] = []
+        share = min(1.0, SAMPLE_ROWS / max(run.rows, 1))
         low = high = None
         kinds = set()
         for batch in run.batches():
@@ -213,8 +216,8 @@ class ExternalSort:
             bounds = pc.min_max(values)
             low = bounds["min"] if low is None or pc.less(bounds["min"], low).as_py() else low
             high = bounds["max"] if high is None or pc.greater(bounds["max"], high).as_py() else high
-            rows = self._rng.choice(len(values), size=min(SAMPLE_ROWS, len(values)), replace=False)
-            picked.append(values.take(pa.array(np.sort(rows))))
+            rows = self._rng.choice(len(values), size=self._rng.binomial(len(values), share), replace=False)
+            picked.append(values.take(pa.array(np.sort(rows), pa.int64())))
         spread = low is not None and pc.less(low, high).as_py()
         if len(kinds) < 2 and not spread:
             return None
