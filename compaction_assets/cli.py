@@ -142,6 +142,11 @@ def plan(ctx: click.Context, table: str, as_json: bool) -> None:
         f"{policy.equality_delete_file_threshold} equality-delete files, >= "
         f"{policy.position_delete_file_threshold} small position-delete files"
     )
+    if tplan.clustering:
+        click.echo(
+            f"clustering: {tplan.clustering.describe()}; cluster when bounds overlap >= "
+            f"{policy.cluster_min_overlap:g}; sorted rewrites spill beyond {policy.sort_memory_bytes} B"
+        )
     if tplan.refused:
         click.echo(f"not compacted: {tplan.refused}")
     click.echo(
@@ -522,6 +527,11 @@ def _digest(table: Table) -> RowsDigest | None:
     return rows_digest(table)
 
 
+def _overlap_text(overlap: dict) -> str:
+    columns = ", ".join(overlap["columns"])
+    return f", bounds overlap {overlap['before']:g} -> {overlap['after']:g} on {overlap['order']}({columns})"
+
+
 def _print_outcomes(outcomes: list[PartitionOutcome]) -> None:
     for o in outcomes:
         where = f"{o.table_name} [{o.partition_key or 'unpartitioned'}]"
@@ -529,7 +539,9 @@ def _print_outcomes(outcomes: list[PartitionOutcome]) -> None:
             click.echo(
                 f"{where}: committed {o.kind}: {o.files_before} -> {o.files_after} files, "
                 f"{o.bytes_before} -> {o.bytes_after} bytes, {o.rows} rows, {o.groups} group(s), "
-                f"{o.seconds:.1f}s, snapshot {o.snapshot_id}" + (f", rewrite path {o.engine}" if o.engine else "")
+                f"{o.seconds:.1f}s, snapshot {o.snapshot_id}"
+                + (f", rewrite path {o.engine}" if o.engine else "")
+                + (_overlap_text(o.bounds_overlap) if o.bounds_overlap else "")
             )
         else:
             click.echo(f"{where}: {o.status}: {o.reason}", err=o.status == "failed")

@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from pyiceberg.conversions import to_bytes
-from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.manifest import DataFile
 from pyiceberg.schema import Schema
 from pyiceberg.table.sorting import NullOrder, SortDirection, SortField, SortOrder
 from pyiceberg.transforms import IdentityTransform
@@ -34,6 +34,7 @@ from tests.conftest import BY_REGION
 from tests.lakekit.oracle import row_key
 from tests.test_asset_check import materialization_metadata, run_partition
 from tests.test_compaction import assert_duckdb_reads_what_pyiceberg_reads, local
+from tests.test_planner import F
 
 SCHEMA = Schema(
     NestedField(1, "id", LongType(), required=False),
@@ -243,7 +244,9 @@ def test_zorder_clusters_healthy_files_once_and_again_after_new_files(lake, spar
     expected = Counter(row_key(r) for c in chunks for r in c.to_pylist())
     [plan] = lake.engine.plan("ns.t").to_compact
     assert plan.kind == "cluster" and "bounds overlap 7.00 on zorder(a, b)" in plan.reason, plan.reason
-    assert "cluster: bounds overlap" in lake.cli("plan", "ns.t").stdout
+    shown = lake.cli("plan", "ns.t").stdout
+    assert "clustering: zorder(a, b); cluster when bounds overlap >= 0.5" in shown
+    assert "cluster: bounds overlap 7.00 on zorder(a, b) >= cluster-min-overlap=0.5" in shown
 
     [outcome] = lake.engine.compact("ns.t")
 
@@ -332,42 +335,21 @@ def test_the_materialisation_reports_kind_cluster_and_bounds_overlap(lake):
 
 
 @dataclass(frozen=True)
-class Stat:
-    """A data file as the planner sees it, with bounds on column `a` (field id 3)."""
+class Bounded(F):
+    """A data file as the planner sees it (tests/test_planner.py), with bounds on column `a` (id 3)."""
 
-    path: str
-    size: int
-    low: int
-    high: int
-    partition_key: str = "p=1"
-    added_at_ms: int = 0
-    spec_id: int = 0
-    record_count: int = 100
-    data_sequence_number: int = 1
-    is_delete: bool = False
-
-    @property
-    def data_bytes(self) -> int:
-        return self.size
-
-    @property
-    def partition_id(self) -> tuple:
-        return self.spec_id, self.partition_key
+    low: int = 0
+    high: int = 0
 
     @cached_property
     def data_file(self) -> DataFile:
-        data_file = DataFile.from_args(
-            content=DataFileContent.DATA,
-            file_path=self.path,
-            file_format=FileFormat.PARQUET,
-            partition=Record(self.partition_key),
-            record_count=self.record_count,
-            file_size_in_bytes=self.size,
-            lower_bounds={3: to_bytes(LongType(), self.low)},
-            upper_bounds={3: to_bytes(LongType(), self.high)},
-        )
-        data_file.spec_id = self.spec_id
-        return data_file
+        low, high = ({3: to_bytes(LongType(), v)} for v in (self.low, self.high))
+        args = {"file_path": self.path, "file_size_in_bytes": self.size, "record_count": self.record_count}
+        return DataFile.from_args(**args, lower_bounds=low, upper_bounds=high, partition=Record(self.partition_key))
+
+
+def stat(path: str, size: int, low: int, high: int, key: str) -> Bounded:
+    return Bounded(path, size, partition_key=key, low=low, high=high)
 
 
 MB = 1024 * 1024
@@ -375,9 +357,9 @@ CLUSTER_POLICY = Policy(target_file_size_bytes=64 * MB, max_group_bytes=1024 * M
 ON_A = Clustering(("a",), (3,), (LongType(),), zorder=False)
 
 
-def spread(n: int, key: str, size: int = 64 * MB, disjoint: bool = False) -> list[Stat]:
+def spread(n: int, key: str, size: int = 64 * MB, disjoint: bool = False) -> list[Bounded]:
     return [
-        Stat(f"s3://b/{key}/f{i}.parquet", size, i * 10 if disjoint else 0, i * 10 + 9 if disjoint else 1000, key)
+        stat(f"s3://b/{key}/f{i}.parquet", size, i * 10 if disjoint else 0, i * 10 + 9 if disjoint else 1000, key)
         for i in range(n)
     ]
 
@@ -399,9 +381,7 @@ def test_planner_clusters_healthy_overlapping_partitions_once(files, clustered, 
 
 
 def test_cluster_ranks_below_fragmentation_of_similar_size():
-    fragmented = [
-        Stat(f"s3://b/p=2/f{i}.parquet", 3 * MB, i * 10, i * 10 + 9, "p=2") for i in range(128)
-    ]  # 384 MiB of fragments
+    fragmented = [stat(f"s3://b/p=2/f{i}.parquet", 3 * MB, i * 10, i * 10 + 9, "p=2") for i in range(128)]
     overlapping = spread(6, "p=1")  # 384 MiB, every file spans everything
     plans = plan_table([*overlapping, *fragmented], CLUSTER_POLICY, 0, clustering=ON_A)
     assert [(p.partition_key, p.kind) for p in plans] == [("p=2", "minor"), ("p=1", "cluster")]
