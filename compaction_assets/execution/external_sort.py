@@ -237,16 +237,13 @@ class ExternalSort:
         if len(candidates) >= ranges:
             at = np.linspace(0, len(candidates) - 1, ranges - 1).round().astype(int)
             candidates = candidates.take(pa.array(np.unique(at)))
-        splitters = candidates.to_pylist()
-        main = len(splitters) + 1
+        main = len(candidates) + 1
         runs = [self._new_run() for _ in range(main + 2)]  # value ranges, then NaN, then null
         for batch in run.batches():
             if transform:
                 batch = transform(batch)
             column = batch.column(name)
-            ids = np.zeros(batch.num_rows, dtype=np.int64)
-            for value in splitters:
-                ids += np.asarray(pc.greater(column, pa.scalar(value, column.type)).fill_null(False), dtype=np.int64)
+            ids = _range_ids(column, candidates)
             ids[ordinal.is_nan(column)] = main
             ids[np.asarray(column.is_null(), dtype=bool)] = main + 1
             order = np.argsort(ids, kind="stable")
@@ -268,6 +265,21 @@ class ExternalSort:
             else:
                 r.delete()
         return kept
+
+
+def _range_ids(column: pa.Array, splitters: pa.Array) -> np.ndarray:
+    """For each value, how many (ascending) splitters it is greater than (nulls and NaN: any).
+    Numbers and temporals by a binary search on their order-preserving keys, which are exact for
+    them (lake/ordinal.py); strings, binary and decimals by one comparison per splitter."""
+    t = column.type
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_temporal(t) or pa.types.is_boolean(t):
+        keys, _ = ordinal.ordinals(column)
+        bounds, _ = ordinal.ordinals(splitters.cast(t))
+        return np.searchsorted(bounds, keys, side="left").astype(np.int64)
+    ids = np.zeros(len(column), dtype=np.int64)
+    for value in splitters:
+        ids += np.asarray(pc.greater(column, value).fill_null(False), dtype=np.int64)
+    return ids
 
 
 def _sorted_table(table: pa.Table, keys: tuple[tuple[str, str], ...]) -> pa.Table:

@@ -64,8 +64,9 @@ def ordinals(values: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray
         keys = _prefixes(values.cast(pa.large_binary()))
     else:
         raise TypeError(f"values of type {t} have no order-preserving key")
-    keys = np.asarray(keys, dtype=np.uint64)
-    keys[~valid] = 0
+    keys = np.asarray(keys, dtype=np.uint64)  # may be a read-only view of the Arrow buffer
+    if not valid.all():
+        keys = np.where(valid, keys, np.uint64(0))
     return keys, valid
 
 

@@ -137,9 +137,14 @@ MOR_TUNINGS: dict[str, dict[str, str]] = {
     "configured": {},
 }
 # Clustering (issue 20): a sort order or z-order columns make majors and fulls sort, and healthy but
-# overlapping partitions cluster; a tiny sort budget sends every sorted group through spill runs.
+# overlapping partitions cluster (a 4 KiB target makes most files healthy); a tiny sort budget sends
+# every sorted group through spill runs.
 CLUSTERINGS = ["sort id", "sort cat desc, id", "zorder cat,id", "zorder at,amount", "off"]
-CLUSTER_PROPERTIES = {"compaction.cluster.min-overlap": "0.5", "compaction.sort.memory-bytes": "2048"}
+CLUSTER_PROPERTIES = {
+    "compaction.cluster.min-overlap": "0.5",
+    "compaction.sort.memory-bytes": "512",
+    "compaction.target-file-size-bytes": "4096",
+}
 RACE_AT = ["after_prepare", "in_commit"]  # before our commit's first try / between its check and CAS
 
 
