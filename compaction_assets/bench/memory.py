@@ -81,6 +81,8 @@ def measure(
         "compaction.target-file-size-bytes": str(bytes_in + 256 * MiB),
         "compaction.max-group-bytes": str(2 * bytes_in + 256 * MiB),
     }
+    if order != "none":  # sources undersized, not fragments: a major, which sorts (a minor does not)
+        props["compaction.fragment-ratio"] = str(max(8, (bytes_in + 256 * MiB) // FILE_BYTES[path] + 1))
     if order == "zorder":
         props["compaction.zorder-columns"] = "price,qty"
     try:
@@ -104,7 +106,7 @@ def measure(
         f"{bytes_in / len(sources) / MiB:.0f} MiB -> {outcome.files_written}): {seconds:.1f}s, worker peak RSS "
         f"{outcome.peak_worker_rss / MiB:.0f} MiB, rows {'identical' if identical else 'DIFFERENT'}"
     )
-    if outcome.status != "committed" or not identical:
+    if outcome.status != "committed" or not identical or (order != "none" and outcome.kind != "major"):
         raise RuntimeError(f"bench: the {kind} memory group did not compact cleanly: {outcome.reason}")
     return {
         "kind": kind,
