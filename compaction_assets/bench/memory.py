@@ -82,7 +82,8 @@ def measure(
         "compaction.max-group-bytes": str(2 * bytes_in + 256 * MiB),
     }
     if order != "none":  # sources undersized, not fragments: a major, which sorts (a minor does not)
-        props["compaction.fragment-ratio"] = str(max(8, (bytes_in + 256 * MiB) // FILE_BYTES[path] + 1))
+        smallest = min(p.stat().st_size for p in sources)
+        props["compaction.fragment-ratio"] = str(max(8, 2 * (bytes_in + 256 * MiB) // smallest))
     if order == "zorder":
         props["compaction.zorder-columns"] = "price,qty"
     try:
