@@ -35,11 +35,10 @@ import pyarrow.compute as pc
 
 from compaction_assets.execution.zorder import ZRange
 from compaction_assets.lake import ordinal
+from compaction_assets.planning.policy import DEFAULT_SORT_MEMORY
 
-MiB = 1024 * 1024
-DEFAULT_BUDGET_BYTES = 128 * MiB
 SAMPLE_ROWS = 20_000  # sampled from a run (at most about this many) when choosing its splitters
-MAX_RANGES = 64  # runs one split writes at once
+MAX_RANGES = 128  # runs one split writes at once (a 2 GB Parquet group is ~4 GB of Arrow: ~32 MiB each)
 OUTPUT_ROWS = 65_536  # rows per batch handed on
 Z_COLUMN = "_compaction_zorder_value"
 _IPC = pa.ipc.IpcWriteOptions(compression="lz4")
@@ -105,7 +104,7 @@ class ExternalSort:
     that at peak), spilling under `spill_dir` (default: spill_root()). `spill_files` and
     `spilled_bytes` say how much went to disk."""
 
-    def __init__(self, spec: SortSpec, budget_bytes: int = DEFAULT_BUDGET_BYTES, spill_dir: str | None = None):
+    def __init__(self, spec: SortSpec, budget_bytes: int = DEFAULT_SORT_MEMORY, spill_dir: str | None = None):
         if not spec:
             raise ValueError("an external sort needs sort keys or z-order columns")
         self.spec = spec

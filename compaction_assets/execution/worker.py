@@ -33,10 +33,11 @@ from pyiceberg.typedef import Record
 from compaction_assets.errors import InputFileError
 from compaction_assets.execution import polars_rewrite
 from compaction_assets.execution.deletes import GroupDeletes
-from compaction_assets.execution.external_sort import DEFAULT_BUDGET_BYTES, ExternalSort, SortSpec
+from compaction_assets.execution.external_sort import ExternalSort, SortSpec
 from compaction_assets.execution.source_reader import SourceReader
 from compaction_assets.faults import crash_point
 from compaction_assets.lake.datafile_codec import datafile_from_json, datafile_to_json, decode_partition
+from compaction_assets.planning.policy import DEFAULT_SORT_MEMORY
 
 MiB = 1024 * 1024
 MAX_BUFFER_BYTES = 32 * MiB  # Arrow bytes buffered before a row group is written
@@ -92,7 +93,7 @@ class RewriteJob:
     tasks: list[list[int]]  # group indices per Spark task (execution/packing)
     sort_columns: list[tuple[str, str]] = field(default_factory=list)  # (file-schema column, ascending|descending)
     zorder_columns: list[str] = field(default_factory=list)  # file-schema columns; win over sort_columns
-    sort_budget_bytes: int = DEFAULT_BUDGET_BYTES  # Arrow bytes a sorted group holds in memory (external_sort)
+    sort_budget_bytes: int = DEFAULT_SORT_MEMORY  # Arrow bytes a sorted group holds in memory (external_sort)
 
     def to_json(self) -> str:
         # vars, not dataclasses.asdict: asdict deep-copies every SourceFile (0.05 s for 5,000)

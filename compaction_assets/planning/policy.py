@@ -13,7 +13,8 @@ DEFAULT_TARGET_FILE_SIZE = 128 * MiB
 ICEBERG_TARGET_SIZE_PROPERTY = "write.target-file-size-bytes"
 ENABLED_PROPERTY = "compaction.enabled"
 SPLIT_DEFAULT_RATIO = 1.8  # Iceberg's max-file-size-bytes default: 1.8 x the target
-DEFAULT_SORT_MEMORY = 128 * MiB  # execution/external_sort.py: Arrow bytes a sorted group holds in memory
+# execution/external_sort.py: Arrow bytes a sorted group holds in memory (about twice that at peak)
+DEFAULT_SORT_MEMORY = 48 * MiB
 
 
 @dataclass(frozen=True)
