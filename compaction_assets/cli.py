@@ -152,6 +152,11 @@ def plan(ctx: click.Context, table: str, as_json: bool) -> None:
             else "full optimizing off"
         )
     )
+    if tplan.clustering:
+        click.echo(
+            f"clustering: {tplan.clustering.describe()}; cluster when bounds overlap >= "
+            f"{policy.cluster_min_overlap:g}; sorted rewrites spill beyond {policy.sort_memory_bytes} B"
+        )
     if tplan.refused:
         click.echo(f"not compacted: {tplan.refused}")
     if tplan.expire is not None:
@@ -629,6 +634,11 @@ def _digest(table: Table) -> RowsDigest | None:
     return rows_digest(table)
 
 
+def _overlap_text(overlap: dict) -> str:
+    columns = ", ".join(overlap["columns"])
+    return f", bounds overlap {overlap['before']:g} -> {overlap['after']:g} on {overlap['order']}({columns})"
+
+
 def _print_outcomes(outcomes: list[PartitionOutcome]) -> None:
     for o in outcomes:
         where = f"{o.table_name} [{o.partition_key or 'unpartitioned'}]"
@@ -639,6 +649,7 @@ def _print_outcomes(outcomes: list[PartitionOutcome]) -> None:
                 f"{o.seconds:.1f}s, snapshot {o.snapshot_id}"
                 + (f", rewrite path {o.engine}" if o.engine else "")
                 + (f"; {o.reason}" if o.kind in (Kind.EXPIRE, Kind.OLD_SPEC) else "")  # what went, where
+                + (_overlap_text(o.bounds_overlap) if o.bounds_overlap else "")
             )
         else:
             click.echo(f"{where}: {o.status}: {o.reason}", err=o.status == "failed")

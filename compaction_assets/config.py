@@ -46,6 +46,8 @@ class PolicyConfig(_Strict):
     full_trigger_interval_ms: PositiveInt | None = None
     max_file_size_bytes: PositiveInt | None = None
     zorder_columns: list[str] | None = None
+    cluster_min_overlap: Annotated[float, Field(gt=0)] | None = None
+    sort_memory_bytes: PositiveInt | None = None
     expire_field: str | None = None
     expire_retention_ms: PositiveInt | None = None
     rewrite_manifests_min_count: Annotated[int, Field(ge=2)] | None = None

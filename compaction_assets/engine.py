@@ -18,8 +18,6 @@ from dataclasses import dataclass, field
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 from pyiceberg.table.locations import load_location_provider
-from pyiceberg.table.sorting import SortDirection
-from pyiceberg.transforms import DayTransform, HourTransform, IdentityTransform, MonthTransform, YearTransform
 from pyspark.sql import SparkSession
 
 from compaction_assets.commit.heartbeat import Heartbeat
@@ -46,6 +44,7 @@ from compaction_assets.execution.worker import (
 from compaction_assets.faults import crash_point
 from compaction_assets.gc_pause import gc_paused
 from compaction_assets.lake.catalog import load_table, open_catalog
+from compaction_assets.lake.clustering import clustering_of, file_column_names, sort_keys
 from compaction_assets.lake.datafile_codec import datafile_to_json, encode_partition
 from compaction_assets.lake.deletes import global_spec_ids
 from compaction_assets.lake.features import manifest_refusal, refusal
@@ -53,12 +52,14 @@ from compaction_assets.lake.files import LiveFile, live_files
 from compaction_assets.maintenance.gc import GcPolicy, GcReport, collect_garbage
 from compaction_assets.planning.expiration import ExpireRule, expire_rule
 from compaction_assets.planning.manifests import ManifestPlan, plan_manifests
+from compaction_assets.planning.overlap import Clustering, bounds_overlap
 from compaction_assets.planning.planner import DeleteMap, FileGroup, FullClock, Kind, PartitionPlan, plan_table
 from compaction_assets.planning.policy import ENABLED_PROPERTY, Policy, resolve_policy
 
 log = logging.getLogger("compaction_assets")
 
-_MONOTONIC = (IdentityTransform, YearTransform, MonthTransform, DayTransform, HourTransform)
+# rewrites that write in the table's clustering order (its z-order columns, else its sort order)
+SORTED_KINDS = (Kind.MAJOR, Kind.FULL, Kind.CLUSTER)
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,7 @@ class TablePlan:
     # the table must be planned again then even if it did not change (the sensor does)
     replan_at_ms: int | None = None
     expire: ExpireRule | str | None = None  # the expiration planned with (None: off; str: why it cannot run)
+    clustering: Clustering | None = None  # z-order columns, else sort order (None: neither)
 
     @property
     def to_compact(self) -> list[PartitionPlan]:
@@ -115,6 +117,10 @@ class PartitionOutcome:
     seconds: float = 0.0
     peak_worker_rss: int = 0  # bytes, the largest of its groups' Spark Python workers
     engine: str = ""  # how its groups were rewritten: polars, arrow or polars+arrow
+    spill_files: int = 0  # runs its sorted groups spilled to local disk (execution/external_sort.py)
+    # a sorted / z-ordered rewrite: {"before": x, "after": y, "columns": [...], "order": "sort"|"zorder"}
+    # with the partition's bounds_overlap (planning/overlap.py) before and after it
+    bounds_overlap: dict | None = None
     # seconds of the compaction run it was part of, per phase (see describe_phases); shared by its outcomes
     phases: dict[str, float] = field(default_factory=dict)
 
@@ -134,6 +140,7 @@ class _Work:
     attempt: Attempt
     groups: list[int] = field(default_factory=list)
     deletes: set[str] = field(default_factory=set)  # paths of the delete files its groups apply
+    written: list = field(default_factory=list)  # DataFiles its groups wrote, once prepared
 
 
 class Engine:
@@ -235,6 +242,8 @@ class Engine:
             finished = [self._prepare(table, item, [results[i] for i in item.groups]) for item in work]
             finished += [self._prepare_tier(table, item, tier_results[i]) for i, item in enumerate(tiers)]
             self._commit(table, list(zip([*work, *tiers], finished, strict=True)))
+            if tplan.clustering is not None:
+                _report_overlap(tplan.clustering, files, list(zip(work, finished[: len(work)], strict=True)))
             seconds = time.monotonic() - started
             phases["commit"] = time.monotonic() - rewritten
             for outcome in finished:
@@ -301,7 +310,20 @@ class Engine:
         refused = refusal(table)
         clock = self._full_clock(table_name, policy)
         expire = expire_rule(table_name, table.schema(), policy, self._clock())
-        plans = plan_table(files, policy, table.spec().spec_id, in_flight, deletes, refused, clock, expire)
+        clustering = clustering_of(table, table_name, policy)
+        clustered = self.ledger.last_outputs(table_name, str(Kind.CLUSTER)) if clustering else set()
+        plans = plan_table(
+            files,
+            policy,
+            table.spec().spec_id,
+            in_flight,
+            deletes,
+            refused,
+            clock=clock,
+            expire=expire,
+            clustering=clustering,
+            clustered=clustered,
+        )
         top_level = {f.field_id for f in table.schema().fields}
         plans = [_unappliable(p, deletes, top_level) for p in plans]
         if partition is not None:
@@ -330,6 +352,7 @@ class Engine:
             manifests,
             replan_at,
             expire,
+            clustering,
         )
         return tplan, {f.path: f for f in files}
 
@@ -476,11 +499,13 @@ class Engine:
         """Fill `work` with an attempt per partition as each is begun, and return the job."""
         data_path = load_location_provider(table.location(), table.properties).data_path
         groups: list[GroupSpec] = []
-        sorted_kinds = (Kind.MAJOR, Kind.FULL)  # in the table's sort order (a job of neither keeps row order)
-        sort_columns = _sort_columns(table) if any(p.kind in sorted_kinds for p in todo) else []
+        clustering = tplan.clustering
+        sorting = clustering is not None and any(p.kind in SORTED_KINDS for p in todo)
         for plan in todo:
-            # an old-spec rewrite writes a folder per partition of the current spec below the data folder
+            # an old-spec rewrite writes a folder per partition of the current spec below the data
+            # folder, streaming (unsorted)
             repartition = plan.kind == Kind.OLD_SPEC
+            sort = clustering is not None and plan.kind in SORTED_KINDS and not repartition
             out_dir = f"{data_path}/{plan.partition_key}" if plan.partition_key and not repartition else data_path
             dropped = [files[p] for p in plan.drop_paths]
             attempt = self._begin_attempt(
@@ -517,10 +542,11 @@ class Engine:
                         and expiry is None
                         and plan.kind != Kind.SPLIT
                         and not repartition
-                        and polars_rewrite.qualifies(table.metadata, table.io, sources, bool(sort_columns)),
+                        and polars_rewrite.qualifies(table.metadata, table.io, sources, sort),
                         deletes=delete_specs,
                         expire=expiry,
                         output_spec_id=table.spec().spec_id if repartition else None,
+                        sort=sort,
                     )
                 )
         sizes = [sum(s.size for s in g.sources) for g in groups]
@@ -530,7 +556,9 @@ class Engine:
             target_file_size_bytes=tplan.policy.target_file_size_bytes,
             groups=groups,
             tasks=pack_tasks(sizes, [g.polars and not _remote(g) for g in groups], self.config.spark.task_bytes),
-            sort_columns=sort_columns,
+            sort_columns=sort_keys(table) if sorting and not clustering.zorder else [],
+            zorder_columns=file_column_names(table, clustering) if sorting and clustering.zorder else [],
+            sort_budget_bytes=tplan.policy.sort_memory_bytes,
         )
 
     def _prepare(self, table: Table, item: _Work, results: list[GroupOutcome]) -> PartitionOutcome:
@@ -553,6 +581,7 @@ class Engine:
             groups=len(plan.groups),
             peak_worker_rss=max((r.peak_rss for r in results), default=0),
             engine="+".join(sorted({r.engine for r in results}, reverse=True)),
+            spill_files=sum(r.spill_files for r in results),
         )
         written = [f for r in results for f in r.data_files]
         rows_out = sum(f.record_count for f in written)
@@ -586,6 +615,7 @@ class Engine:
             outcome.reason = self._abandon(table, attempt, f"stale: {exc}")
             return outcome
         crash_point("after_prepare")
+        item.written = written
         outcome.status = "prepared"
         outcome.files_written = len(written)
         # an old-spec rewrite moves its rows out of the partition, into the current spec's partitions
@@ -773,17 +803,26 @@ def _slim_metadata_json(table: Table) -> str:
     return slim.model_dump_json()
 
 
-def _sort_columns(table: Table) -> list[tuple[str, str]]:
-    """The table's sort order as pyarrow sort keys, up to the first non-monotonic transform."""
-    keys: list[tuple[str, str]] = []
-    for sort_field in table.sort_order().fields:
-        if not isinstance(sort_field.transform, _MONOTONIC):
-            break
-        name = table.schema().find_column_name(sort_field.source_id)
-        if name is None or "." in name:
-            break
-        keys.append((name, "ascending" if sort_field.direction == SortDirection.ASC else "descending"))
-    return keys
+def _report_overlap(
+    clustering: Clustering, files: dict[str, LiveFile], done: list[tuple[_Work, PartitionOutcome]]
+) -> None:
+    """Each committed sorted rewrite's bounds_overlap before (its plan's) and after (the files the
+    plan saw, less those it replaced, plus those it wrote) on the clustering columns."""
+    done = [(i, o) for i, o in done if o.status == "committed" and i.plan.kind in SORTED_KINDS]
+    wanted = {i.plan.partition_key for i, _ in done}
+    by_partition: dict[str, list[LiveFile]] = {}
+    for f in files.values() if done else ():
+        if not f.is_delete and f.partition_key in wanted:
+            by_partition.setdefault(f.partition_key, []).append(f)
+    for item, outcome in done:
+        replaced = set(item.plan.source_paths)
+        kept = [f.data_file for f in by_partition.get(item.plan.partition_key, ()) if f.path not in replaced]
+        outcome.bounds_overlap = {
+            "before": round(item.plan.stats.bounds_overlap or 0.0, 3),
+            "after": round(bounds_overlap([*kept, *item.written], clustering), 3),
+            "columns": list(clustering.columns),
+            "order": "zorder" if clustering.zorder else "sort",
+        }
 
 
 def _first_line(exc: BaseException) -> str:

@@ -82,8 +82,10 @@ def test_full_rewrite_of_a_table_sorted_by_a_column_whose_name_needs_sanitising_
     expected: Counter = Counter()
     for k in range(3):
         data = pa.table(
-            {"order-id": pa.array(range(k * 50 + 49, k * 50 - 1, -1), pa.int64()),
-             "payload": [f"p{i}" for i in range(50)]},
+            {
+                "order-id": pa.array(range(k * 50 + 49, k * 50 - 1, -1), pa.int64()),
+                "payload": [f"p{i}" for i in range(50)],
+            },
             schema=schema.as_arrow(),
         )
         table.append(data)

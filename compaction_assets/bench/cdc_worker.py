@@ -112,6 +112,7 @@ def rewrite_job(
                     max_files=1 << 20,
                     polars=polars,
                     deletes=deletes,
+                    sort=bool(sort_columns),
                 )
             )
     return RewriteJob(

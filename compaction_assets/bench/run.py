@@ -295,6 +295,7 @@ def run_bench(
             report.extras["memory"] = memory_group(engine, root, log, large_gib)
             paths = [memory.measure(engine, root, "flat", "polars", large_gib, log)]
             report.extras["memory_paths"] = paths + memory.measure_all(engine, root, ["typed", "wide"], large_gib, log)
+            report.extras["memory_paths"] += memory.measure_sorted(engine, root, large_gib, log)
             shutil.rmtree(root / "data", ignore_errors=True)
         report.extras["commits"] = commits_per_table(engine, log)
         spark.stop()

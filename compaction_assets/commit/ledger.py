@@ -356,6 +356,19 @@ class Ledger:
             rows = session.execute(query).all()
         return {key: at if at.tzinfo else at.replace(tzinfo=dt.UTC) for key, at in rows if at is not None}
 
+    def last_outputs(self, table_name: str, kind: str) -> set[str]:
+        """Data files written by the last COMMITTED attempt of `kind` on each partition of the table
+        (the planner leaves a partition alone that holds only these: planning/planner.py, cluster)."""
+        query = (
+            select(AttemptRow.partition_key, AttemptRow.result_files)
+            .where(AttemptRow.table_name == table_name, AttemptRow.kind == kind)
+            .where(AttemptRow.status == str(Status.COMMITTED))
+            .order_by(AttemptRow.finished_at, AttemptRow.attempt_id)
+        )
+        with Session(self._engine) as session:
+            last = {key: files for key, files in session.execute(query)}
+        return {d["file_path"] for files in last.values() for d in files or ()}
+
     def open_claims(self, table_name: str) -> Claims:
         """The files the table's open attempts own (sources, results, and names they write under)."""
         attempts = self.attempts(statuses=OPEN, table_name=table_name)

@@ -203,7 +203,9 @@ def run_fixed_cost(context: AssetExecutionContext, compaction_seconds: float) ->
 
 def _metadata(o: PartitionOutcome, queue: str) -> dict:
     """Numeric values are plotted by the UI across materialisations; credentials are masked."""
+    clustering = {"bounds_overlap": MetadataValue.json(o.bounds_overlap)} if o.bounds_overlap else {}
     return {
+        **clustering,
         "status": o.status,
         "reason": redact(o.reason),
         "kind": o.kind or "none",
@@ -222,6 +224,7 @@ def _metadata(o: PartitionOutcome, queue: str) -> dict:
         "mb_per_s": round(o.mb_per_s, 3),
         "peak_worker_rss_mb": round(o.peak_worker_rss / 2**20, 1),
         "rewrite_engine": o.engine,
+        "sort_spill_files": o.spill_files,
         "snapshot_id": MetadataValue.text(str(o.snapshot_id or "")),
         "task_id": o.task_id or "",
         "queue": queue,

@@ -9,7 +9,9 @@ expiration drops the rows whose expire field is below the cutoff (NULLs kept) fr
 deletes, vectorised, and counts them (rows_expired); it never takes the Polars path either. Writing goes through
 pyiceberg's Parquet writer, so result files carry field ids and the column statistics pyiceberg
 computes. Both stream record batches: memory is bounded by one row-group buffer (plus the group's
-delete keys and positions), not by the size of the group.
+delete keys and positions), not by the size of the group. A sorted or z-ordered group (major,
+full and cluster rewrites of a table with a sort order or z-order columns) goes through the
+external sort (execution/external_sort.py), bounded by the job's sort budget.
 
 An old-spec group (`output_spec_id` set) is read as any group, under its sources' own partition
 and spec, and written by a PartitionedWriter: each batch split by the partitions of the output
@@ -39,11 +41,13 @@ from pyiceberg.typedef import Record
 from compaction_assets.errors import InputFileError, worker_error
 from compaction_assets.execution import polars_rewrite
 from compaction_assets.execution.deletes import GroupDeletes
+from compaction_assets.execution.external_sort import ExternalSort, SortSpec
 from compaction_assets.execution.partitioning import partition_folder, split_by_partition
 from compaction_assets.execution.source_reader import SourceReader
 from compaction_assets.faults import crash_point
 from compaction_assets.lake.datafile_codec import datafile_from_json, datafile_to_json, decode_partition
 from compaction_assets.lake.partition_key import PartitionId, partition_id
+from compaction_assets.planning.policy import DEFAULT_SORT_MEMORY
 
 MiB = 1024 * 1024
 MAX_BUFFER_BYTES = 32 * MiB  # Arrow bytes buffered before a row group is written
@@ -51,7 +55,7 @@ MIN_BUFFER_BYTES = 64 * 1024  # ... and at least these (tiny targets: tests, dem
 ROW_GROUPS_PER_TARGET = 4  # a file rolls after a row group: a quarter of the target in Arrow bytes keeps it near
 RESULT_SCHEMA = (
     "group INT, data_files STRING, error STRING, rows_read BIGINT, bytes_read BIGINT, peak_rss BIGINT, engine STRING, "
-    "rows_deleted BIGINT, seconds DOUBLE, rows_expired BIGINT"
+    "rows_deleted BIGINT, seconds DOUBLE, rows_expired BIGINT, spill_files INT"
 )
 
 
@@ -100,6 +104,7 @@ class GroupSpec:
     # None: results keep the sources' partition and spec; else (old-spec) each row is written into
     # its partition under this spec, in a folder per partition below output_dir
     output_spec_id: int | None = None
+    sort: bool = False  # rewritten in the job's order (sort_columns, or zorder_columns when set)
 
 
 @dataclass(frozen=True)
@@ -111,7 +116,9 @@ class RewriteJob:
     target_file_size_bytes: int
     groups: list[GroupSpec]
     tasks: list[list[int]]  # group indices per Spark task (execution/packing)
-    sort_columns: list[tuple[str, str]] = field(default_factory=list)  # (column, ascending|descending)
+    sort_columns: list[tuple[str, str]] = field(default_factory=list)  # (file-schema column, ascending|descending)
+    zorder_columns: list[str] = field(default_factory=list)  # file-schema columns; win over sort_columns
+    sort_budget_bytes: int = DEFAULT_SORT_MEMORY  # Arrow bytes a sorted group holds in memory (external_sort)
 
     def to_json(self) -> str:
         # vars, not dataclasses.asdict: asdict deep-copies every SourceFile (0.05 s for 5,000)
@@ -134,6 +141,10 @@ class RewriteJob:
         doc["sort_columns"] = [tuple(c) for c in doc["sort_columns"]]
         return RewriteJob(**doc)
 
+    @property
+    def sort_spec(self) -> SortSpec:
+        return SortSpec(tuple(self.sort_columns), tuple(self.zorder_columns))
+
 
 @dataclass
 class GroupOutcome:
@@ -147,6 +158,7 @@ class GroupOutcome:
     rows_deleted: int = 0  # rows of rows_read that deletes removed (rows written = rows_read - rows_deleted)
     seconds: float = 0.0  # spent in rewrite_group (the rest of a Spark job is dispatch and hand-off)
     rows_expired: int = 0  # rows of rows_read a data expiration dropped (after deletes)
+    spill_files: int = 0  # runs a sorted group spilled to local disk (0: sorted in memory, or unsorted)
 
 
 def rewrite_partition_batches(job_json: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -171,6 +183,7 @@ def rewrite_partition_batches(job_json: str, batches: Iterator[pa.RecordBatch]) 
                         "rows_deleted": outcome.rows_deleted,
                         "seconds": seconds,
                         "rows_expired": outcome.rows_expired,
+                        "spill_files": outcome.spill_files,
                     }
                 ],
                 schema=_RESULT_ARROW_SCHEMA,
@@ -189,6 +202,7 @@ _RESULT_ARROW_SCHEMA = pa.schema(
         ("rows_deleted", pa.int64()),
         ("seconds", pa.float64()),
         ("rows_expired", pa.int64()),
+        ("spill_files", pa.int32()),
     ]
 )
 
@@ -205,6 +219,7 @@ def outcome_from_row(row: dict) -> GroupOutcome:
         rows_deleted=row["rows_deleted"],
         seconds=row["seconds"],
         rows_expired=row["rows_expired"],
+        spill_files=row["spill_files"],
     )
 
 
@@ -228,16 +243,16 @@ def rewrite_group(job: RewriteJob, index: int) -> GroupOutcome:
     if (written := _rewrite_with_polars(spec, metadata, io, partition, reader, writer)) is not None:
         return GroupOutcome(index, written, None, sum(s.records for s in spec.sources), bytes_in, peak_rss(), "polars")
     expiry = _Expiry(spec.expire, writer.file_schema.find_field(spec.expire.field_id).name) if spec.expire else None
+    sorter = ExternalSort(job.sort_spec, job.sort_budget_bytes) if spec.sort and job.sort_spec else None
     try:
         batches = reader.batches()
         if expiry is not None:
             batches = expiry.filter(batches)
-        if job.sort_columns and spec.output_spec_id is None:  # an old-spec group streams, unsorted
-            batches = _sorted(batches, job.sort_columns)
-        for batch in batches:
-            writer.write(batch)
-            if reader.rows_read >= spec.sources[0].records:  # decoded, so deletes cannot skip it
-                crash_point("worker_mid_group")
+        with contextlib.closing(sorter.sorted(batches) if sorter else batches) as batches:
+            for batch in batches:
+                writer.write(batch)
+                if reader.rows_read >= spec.sources[0].records:  # decoded, so deletes cannot skip it
+                    crash_point("worker_mid_group")
         written = writer.close()
         expired = expiry.rows_expired if expiry else 0
         return GroupOutcome(
@@ -249,6 +264,7 @@ def rewrite_group(job: RewriteJob, index: int) -> GroupOutcome:
             peak_rss(),
             rows_deleted=deletes.rows_deleted,
             rows_expired=expired,
+            spill_files=sorter.spill_files if sorter else 0,
         )
     except Exception as exc:  # reported to the driver, which fails the attempt with this message
         writer.abort()
@@ -332,14 +348,6 @@ def peak_rss(status: Path = Path("/proc/self/status")) -> int:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) * 1024
     return 0
-
-
-def _sorted(batches: Iterator[pa.RecordBatch], sort_columns: list[tuple[str, str]]) -> Iterator[pa.RecordBatch]:
-    """Sort a whole group (major compaction of a sorted table); bounded by max_group_bytes."""
-    table = pa.Table.from_batches(list(batches))
-    if table.num_rows == 0:
-        return iter(())
-    return iter(table.take(pc.sort_indices(table, sort_keys=sort_columns)).to_batches())
 
 
 class _TrackedOutput(OutputFile):

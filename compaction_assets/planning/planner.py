@@ -50,6 +50,13 @@ picks, first match wins:
    remainder is a file of its own when it is not undersized, else spread over the others while
    they stay within 1.1 x target). Only when no data rewrite above is due: the fragments go
    first, the split comes on a later run;
+2c. `cluster` (when the table has a sort order or z-order columns and nothing above fires): the
+   partition's files are healthy in size but badly clustered: their bounds_overlap
+   (planning/overlap.py) on the clustering columns is at least `cluster_min_overlap`. Every data
+   file of the current spec is rewritten sorted / z-ordered, bin-packed into groups of at most
+   max_group_bytes. A partition whose data files all came from our last cluster rewrite of it is
+   left alone, however much they still overlap (`clustered`: the engine reads them from the ledger),
+   so an unchanged partition is clustered once, not forever;
 3. `old-spec` for a partition of an earlier spec (above; the size triggers count current-spec
    files only, so 1 and 2 never fire there);
 4. `convert-equality-deletes` when at least `equality_delete_file_threshold` equality-delete files
@@ -80,7 +87,11 @@ at the top of the sensor's scale (benefit points 99, scheduling.benefit_points) 
 expirations, the most bytes go first. An old-spec plan's files cannot be pruned by
 the current spec's partition filters: it scores OLD_SPEC_WEIGHT (0.5) x its files per MiB read
 (+ reads saved as above), so it ranks below a fragmented partition of a similar size and file
-count.
+count. A cluster plan removes no
+files; its benefit is CLUSTER_WEIGHT (0.5) x the overlap drop expected (bounds_overlap - 1: as if
+each output file met one neighbour) per MiB read, so it ranks below a fragmented partition of
+similar size (one file removed per MiB is 1.0) and a badly clustered small partition above a
+slightly clustered large one.
 
 Table-level: the manifest rewrite (kind rewrite-manifests) is planned from the manifest list, not
 per partition, with its own benefit, 0.1 x manifests removed per MiB of manifests read (planning/
@@ -99,6 +110,7 @@ from pyiceberg.manifest import DataFile, DataFileContent
 
 from compaction_assets.lake.deletes import ApplyingDeletes
 from compaction_assets.planning.expiration import ExpireRule, Verdict
+from compaction_assets.planning.overlap import Clustering, bounds_overlap
 from compaction_assets.planning.policy import MiB, Policy
 
 # Benefit points for reads saved: a partition whose readers decode twice the rows they return
@@ -112,6 +124,8 @@ FULL_WEIGHT = 0.5  # a full rewrite's benefit, relative to a fragmentation-drive
 SPLIT_WEIGHT = 0.1  # a split's benefit per file added, relative to a file removed
 SPLIT_SPREAD_MAX = 1.1  # a split's remainder is spread over the other outputs while they stay within 1.1 x target
 EXPIRE_BENEFIT = 100.0  # an expiration's base benefit (the module doc): above the sensor's top benefit points
+CLUSTER_WEIGHT = 0.5  # benefit points per unit of overlap dropped per MiB read (see the module doc)
+CLUSTERED_OVERLAP = 1.0  # the overlap a clustered rewrite is expected to leave
 
 
 class Kind(StrEnum):
@@ -232,6 +246,7 @@ class PartitionStats:
     deleted_rows: int = 0  # estimate: the record counts of the applying delete files
     delete_ratio: float = 0.0  # deleted_rows / records, at most 1
     read_amplification: float = 1.0  # see read_amplification()
+    bounds_overlap: float | None = None  # on the clustering columns (planning/overlap.py); None: not clustered
 
     @property
     def avg_file_bytes(self) -> int:
@@ -329,8 +344,13 @@ class _Bin:
 
 
 def partition_stats(
-    partition_key: str, files: Sequence[FileStat], policy: Policy, deletes: DeleteMap | None = None
+    partition_key: str,
+    files: Sequence[FileStat],
+    policy: Policy,
+    deletes: DeleteMap | None = None,
+    clustering: Clustering | None = None,
 ) -> PartitionStats:
+    """`clustering`: the table's clustering columns, whose bounds_overlap is measured (None: not)."""
     deletes = deletes or DeleteMap()
     data = [f for f in files if not f.is_delete]
     records = sum(f.record_count for f in data)
@@ -355,6 +375,7 @@ def partition_stats(
         deleted_rows=deleted,
         delete_ratio=min(1.0, deleted / records) if records else 0.0,
         read_amplification=read_amplification(records, deleted),
+        bounds_overlap=bounds_overlap([f.data_file for f in data], clustering) if clustering else None,
     )
 
 
@@ -368,6 +389,8 @@ def plan_partition(
     refused: str = "",
     clock: FullClock | None = None,
     expire: ExpireRule | str | None = None,
+    clustering: Clustering | None = None,
+    clustered: Collection[str] = frozenset(),
 ) -> PartitionPlan:
     """Decide an expiration, a data rewrite, a cheaper tier or nothing for one partition (see the
     module doc).
@@ -376,9 +399,11 @@ def plan_partition(
     live in another partition); None: computed from `files` alone. A non-empty `refused` is why
     the table is not compacted at all: the plan is nothing, with that reason. `clock`: when the
     partition was last fully rewritten; None: full optimizing is not considered. `expire`: the
-    table's expiration rule, None when off, or why it cannot run (added to the reason)."""
+    table's expiration rule, None when off, or why it cannot run (added to the reason).
+    `clustering`: the table's clustering columns (None: no sort order, no z-order); `clustered`:
+    the data files our last cluster rewrite of their partition wrote."""
     deletes = deletes if deletes is not None else DeleteMap.of(files)
-    stats = partition_stats(partition_key, files, policy, deletes)
+    stats = partition_stats(partition_key, files, policy, deletes, clustering)
     if refused:
         return PartitionPlan(stats, None, reason=refused)
     load = _load_text(stats)
@@ -404,6 +429,11 @@ def plan_partition(
     if isinstance(split, PartitionPlan):
         return replace(split, reason="; ".join([split.reason, *notes, load]))
     notes += [split] if split else []
+    if clustering is not None:
+        cluster = _plan_cluster(stats, files, policy, current_spec_id, in_flight, clustering, clustered)
+        if isinstance(cluster, PartitionPlan):
+            return replace(cluster, reason="; ".join([cluster.reason, *notes, load]))
+        notes += [cluster] if cluster else []
     if old_spec := _plan_old_spec(stats, files, policy, current_spec_id, in_flight, deletes):
         if isinstance(old_spec, PartitionPlan):
             return replace(old_spec, reason="; ".join([old_spec.reason, *notes, load]))
@@ -425,10 +455,12 @@ def plan_table(
     refused: str = "",
     clock: FullClock | None = None,
     expire: ExpireRule | str | None = None,
+    clustering: Clustering | None = None,
+    clustered: Collection[str] = frozenset(),
 ) -> list[PartitionPlan]:
     """Plan every partition (files grouped by partition id); best benefit first, then partition key.
     `deletes`: DeleteMap.of(files) when None (the engine passes the one it also builds jobs from).
-    `clock`, `expire`: see plan_partition (the engine always passes a clock).
+    `clock`, `expire`, `clustering`, `clustered`: see plan_partition (the engine always passes a clock).
 
     Raises:
         ValueError: two partitions share a key (keys must be injective: the CLI, the ledger and
@@ -443,7 +475,19 @@ def plan_table(
     if clashes := sorted(k for k, n in keys.items() if n > 1):
         raise ValueError(f"partition key {clashes[0]!r} names {keys[clashes[0]]} different partitions")
     plans = [
-        plan_partition(v[0].partition_key, v, policy, current_spec_id, in_flight, deletes, refused, clock, expire)
+        plan_partition(
+            v[0].partition_key,
+            v,
+            policy,
+            current_spec_id,
+            in_flight,
+            deletes,
+            refused,
+            clock,
+            expire,
+            clustering,
+            clustered,
+        )
         for v in by_partition.values()
     ]
     return sorted(plans, key=lambda p: (-p.benefit, p.partition_key))
@@ -677,6 +721,42 @@ def _plan_old_spec(
     read = sum(g.bytes for g in groups)
     per_mib = OLD_SPEC_WEIGHT * len(chosen) / (max(read, 1) / MiB)
     return replace(plan, benefit=per_mib + READS_SAVED_WEIGHT * max(stats.read_amplification - after, 0.0))
+
+
+def _plan_cluster(
+    stats: PartitionStats,
+    files: Sequence[FileStat],
+    policy: Policy,
+    current_spec_id: int,
+    in_flight: Collection[str],
+    clustering: Clustering,
+    clustered: Collection[str],
+) -> PartitionPlan | str:
+    """cluster: the partition rewritten sorted / z-ordered, or why not."""
+    overlap = stats.bounds_overlap or 0.0
+    measured = f"bounds overlap {overlap:.2f} on {clustering.describe()}"
+    data = [f for f in files if not f.is_delete]
+    candidates = [f for f in data if f.spec_id == current_spec_id]
+    if len(candidates) < 2:
+        return f"{measured}: fewer than 2 data files of the current spec, nothing to cluster"
+    if overlap < policy.cluster_min_overlap:
+        return f"{measured} < cluster-min-overlap={policy.cluster_min_overlap:g}"
+    if all(f.path in clustered for f in data):
+        return f"{measured}, but every file comes from our last cluster rewrite of it: not clustered again"
+    if busy := [f for f in candidates if f.path in in_flight]:
+        return f"{measured}, but {len(busy)} of its file(s) are held by a running attempt: not clustered now"
+    groups = tuple(_to_group(b, policy) for b in _bin_pack(candidates, policy.max_group_bytes))
+    plan = PartitionPlan(
+        stats,
+        Kind.CLUSTER,
+        groups,
+        reason=(
+            f"{Kind.CLUSTER}: {measured} >= cluster-min-overlap={policy.cluster_min_overlap:g}; "
+            f"{len(candidates)} file(s) rewritten in {len(groups)} group(s)"
+        ),
+    )
+    per_mib = max(overlap - CLUSTERED_OVERLAP, 0.0) / (max(plan.input_bytes, 1) / MiB)
+    return replace(plan, benefit=CLUSTER_WEIGHT * per_mib)
 
 
 def _plan_equality_conversion(

@@ -16,6 +16,8 @@ ICEBERG_MANIFEST_TARGET_PROPERTY = "commit.manifest.target-size-bytes"
 DEFAULT_MANIFEST_TARGET_SIZE = 8 * MiB
 ENABLED_PROPERTY = "compaction.enabled"
 SPLIT_DEFAULT_RATIO = 1.8  # Iceberg's max-file-size-bytes default: 1.8 x the target
+# execution/external_sort.py: Arrow bytes a sorted group holds in memory (about twice that at peak)
+DEFAULT_SORT_MEMORY = 48 * MiB
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,10 @@ class Policy:
     full_trigger_interval_ms: int | None = None  # full optimizing: a partition rewritten whole this often
     max_file_size_bytes: int | None = None  # a data file larger than this is split into target-size files
     zorder_columns: tuple[str, ...] = ()  # clustering: z-order over these columns (else the table's sort order)
+    # clustering (kind cluster): a healthy partition whose files' bounds boxes overlap this much
+    # (planning/overlap.py: other files each file's box meets, on average) is rewritten clustered
+    cluster_min_overlap: float = 4.0
+    sort_memory_bytes: int = DEFAULT_SORT_MEMORY  # a sorted rewrite spills to local disk beyond this
     expire_field: str | None = None  # data expiration: rows whose value of this column is older than
     expire_retention_ms: int | None = None  # now - retention are dropped
     # manifest rewrite (planning/manifests.py): due when at least this many data and delete
@@ -89,6 +95,8 @@ TABLE_PROPERTIES = {
     "compaction.full.trigger-interval-ms": ("full_trigger_interval_ms", int),
     "compaction.max-file-size-bytes": ("max_file_size_bytes", int),
     "compaction.zorder-columns": ("zorder_columns", _parse_columns),
+    "compaction.cluster.min-overlap": ("cluster_min_overlap", float),
+    "compaction.sort.memory-bytes": ("sort_memory_bytes", int),
     "compaction.expire.field": ("expire_field", str),
     "compaction.expire.retention-ms": ("expire_retention_ms", int),
     "compaction.rewrite-manifests.min-count": ("rewrite_manifests_min_count", int),
@@ -126,6 +134,8 @@ def _validate(table_name: str, policy: Policy) -> None:
     ]
     if not 0 < policy.min_target_size_ratio <= 1:
         problems.append("min_target_size_ratio must be in (0, 1]")
+    if not policy.cluster_min_overlap > 0:
+        problems.append("cluster_min_overlap must be positive")
     if not 0 < policy.delete_ratio_threshold <= 1:
         problems.append("delete_ratio_threshold must be in (0, 1]")
     if policy.position_delete_file_threshold < 2:

@@ -155,6 +155,17 @@ MANIFEST_RACES = [None, "append", "position_delete"]  # another engine's commit 
 # disk), so a tiny target with a limit above the `tiers` target makes every file oversized and splittable.
 SPLIT_TUNING = {"compaction.target-file-size-bytes": "256", "compaction.max-file-size-bytes": "2048"}
 FULL_INTERVAL = "compaction.full.trigger-interval-ms"
+# Clustering (issue 20): a sort order or z-order columns make majors and fulls sort, and healthy but
+# overlapping partitions cluster (a 4 KiB target makes most files healthy); a tiny sort budget sends
+# every sorted group through spill runs.
+# Ids grow with every write, so files are disjoint on id (and at, amount): clustered by nature; every
+# file spans all of cat's values (id % 3) and its partition's region: those overlap.
+CLUSTERINGS = ["sort id", "sort cat desc", "zorder cat,region", "zorder at,amount", "off"]
+CLUSTER_PROPERTIES = {
+    "compaction.cluster.min-overlap": "0.5",
+    "compaction.sort.memory-bytes": "512",
+    "compaction.target-file-size-bytes": "4096",
+}
 RACE_AT = ["after_prepare", "in_commit"]  # before our commit's first try / between its check and CAS
 
 
@@ -398,6 +409,9 @@ class TableHistory(RuleBasedStateMachine):
             FIGURES.outcomes[outcome.status] += 1
             if outcome.status == "committed":
                 FIGURES.outcomes[f"committed {outcome.kind}"] += 1
+                if outcome.bounds_overlap:  # a sorted / z-ordered rewrite, in memory or through spill runs
+                    spilled = " spilled" if outcome.spill_files else ""
+                    FIGURES.outcomes[f"sorted by {outcome.bounds_overlap['order']}{spilled}"] += 1
                 FIGURES.outcomes[f"rewritten by {outcome.engine or 'none'}"] += 1
             elif outcome.kind == "old-spec":  # e.g. a raced equality delete in the old partition
                 FIGURES.outcomes[f"{outcome.status} old-spec"] += 1
@@ -684,6 +698,33 @@ class TableHistory(RuleBasedStateMachine):
             assert outcome.kind == "expire" or outcome.status == "skipped", outcome
             if outcome.status == "committed":
                 FIGURES.outcomes["committed expire (expire command)"] += 1
+
+    @rule(mode=st.sampled_from(CLUSTERINGS))
+    def set_clustering(self, mode: str) -> None:
+        """A sort order (pyiceberg's update_sort_order, as another engine's user sets it) or z-order
+        columns (the table property), or neither: later majors, fulls and clusters sort by it."""
+        if not self._count(f"cluster_{mode.split()[0]}"):
+            return
+        table = self.table()
+        with table.transaction() as txn:
+            with txn.update_sort_order() as order:
+                if mode == "sort id":
+                    order.asc("id", IdentityTransform())
+                elif mode == "sort cat desc":
+                    order.desc("cat", IdentityTransform())
+            # the clustering's 4 KiB target would leave a split tuning's max file size below it (invalid)
+            stale = {"compaction.max-file-size-bytes"} if mode != "off" else set()
+            if mode.startswith("zorder"):
+                txn.set_properties({"compaction.zorder-columns": mode.split()[1], **CLUSTER_PROPERTIES})
+            elif mode.startswith("sort"):
+                txn.set_properties(CLUSTER_PROPERTIES)
+                stale.add("compaction.zorder-columns")
+            if present := stale & set(table.properties):
+                txn.remove_properties(*present)
+            if mode == "off" and (
+                present := {"compaction.zorder-columns", *CLUSTER_PROPERTIES} & set(table.properties)
+            ):
+                txn.remove_properties(*present)
 
     @rule()
     def expire_snapshots_by_another_engine(self) -> None:

@@ -1,0 +1,299 @@
+"""Sorting a file group larger than memory: a distribution sort over Arrow IPC spill runs.
+
+A group that fits the budget (Arrow bytes) is sorted in memory. A larger one is spilled as it is
+read into one run on local disk (Spark's local dir, else the temp dir), then split by key range:
+a pass over the run samples its first sort column (and its smallest and largest value), splitter
+values are taken from the sample's quantiles, and a second pass sends each row to the run of its
+range (one vectorised `take` per batch). Each range run is sorted the same way, in memory once it
+fits the budget, so a range that stays too large (a skewed value) is split again, and a range
+whose rows all share the column's value is split on the next sort column; a range equal on every
+key is written as it is. Ranges come out in key order: ascending or descending as the column's
+direction says, then NaN, then null (pyarrow's order with nulls at the end). So memory holds at
+most about twice the budget (a range and its sorted copy), whatever the group's size; no row is
+handled in Python.
+
+Z-order sorts by a computed z-value (execution/zorder.py): the input run is spilled while the
+z-order columns' ranges are measured, the z-value is added as a column when the run is split and
+dropped before rows leave the sort.
+
+The spill folder (prefix `compaction-sort-`) is removed when the sort's iterator ends, is closed
+or fails: callers close it (contextlib.closing) when they stop early.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from compaction_assets.execution.zorder import ZRange
+from compaction_assets.lake import ordinal
+from compaction_assets.planning.policy import DEFAULT_SORT_MEMORY
+
+SAMPLE_ROWS = 20_000  # sampled from a run (at most about this many) when choosing its splitters
+MAX_RANGES = 128  # runs one split writes at once (a 2 GB Parquet group is ~4 GB of Arrow: ~32 MiB each)
+OUTPUT_ROWS = 65_536  # rows per batch handed on
+Z_COLUMN = "_compaction_zorder_value"
+_IPC = pa.ipc.IpcWriteOptions(compression="lz4")
+
+Transform = Callable[[pa.RecordBatch], pa.RecordBatch] | None
+
+
+@dataclass(frozen=True)
+class SortSpec:
+    """How a group is ordered: by `keys` ((column, ascending|descending), in the file schema), or,
+    when `zorder` names columns, by their z-value (keys are then ignored)."""
+
+    keys: tuple[tuple[str, str], ...] = ()
+    zorder: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.keys or self.zorder)
+
+
+def spill_root() -> str:
+    """Spark's local dir in a Spark Python worker (SPARK_LOCAL_DIRS), else the temp dir."""
+    return os.environ.get("SPARK_LOCAL_DIRS", "").split(",")[0] or tempfile.gettempdir()
+
+
+class _Run:
+    """One spill run: an Arrow IPC stream file, written once, read back batch by batch."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.bytes = 0
+        self.rows = 0
+        self._sink: pa.NativeFile | None = None
+        self._writer: pa.ipc.RecordBatchStreamWriter | None = None
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        if self._writer is None:
+            self._sink = pa.OSFile(str(self.path), "wb")
+            self._writer = pa.ipc.new_stream(self._sink, batch.schema, options=_IPC)
+        self._writer.write_batch(batch)
+        self.bytes += batch.nbytes
+        self.rows += batch.num_rows
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._sink.close()
+            self._writer = self._sink = None
+
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        self.close()
+        if not self.rows:
+            return
+        with pa.OSFile(str(self.path), "rb") as source:
+            yield from pa.ipc.open_stream(source)
+
+    def delete(self) -> None:
+        self.close()
+        self.path.unlink(missing_ok=True)
+
+
+class ExternalSort:
+    """Sorts record batches by `spec` within `budget_bytes` of Arrow data in memory (about twice
+    that at peak), spilling under `spill_dir` (default: spill_root()). `spill_files` and
+    `spilled_bytes` say how much went to disk."""
+
+    def __init__(self, spec: SortSpec, budget_bytes: int = DEFAULT_SORT_MEMORY, spill_dir: str | None = None):
+        if not spec:
+            raise ValueError("an external sort needs sort keys or z-order columns")
+        self.spec = spec
+        self.budget = max(1, budget_bytes)
+        self.spill_dir = spill_dir
+        self.spill_files = 0
+        self.spilled_bytes = 0
+        self._folder: Path | None = None
+        self._rng = np.random.default_rng(0)
+        self._keys = ((Z_COLUMN, "ascending"),) if spec.zorder else spec.keys
+
+    def sorted(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """The rows of `batches` in order (a generator: close it to stop early)."""
+        source = iter(batches)
+        held: list[pa.RecordBatch] = []
+        size = 0
+        for batch in source:
+            held.append(batch)
+            size += batch.nbytes
+            if size > self.budget:
+                break
+        else:
+            if held:
+                yield from self._in_memory(pa.Table.from_batches(held))
+            return
+        self._folder = Path(tempfile.mkdtemp(prefix="compaction-sort-", dir=self.spill_dir or spill_root()))
+        try:
+            zrange = ZRange(self.spec.zorder) if self.spec.zorder else None
+            run = self._new_run()
+            for batch in _chain(held, source):
+                if zrange is not None:
+                    zrange.observe(batch)
+                run.write(batch)
+            self._account(run)
+            transform = _adding_z(zrange) if zrange is not None else None
+            yield from self._emit(run, 0, transform)
+        finally:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = None
+
+    # ------------------------------------------------------------------ in memory
+
+    def _in_memory(self, table: pa.Table) -> Iterator[pa.RecordBatch]:
+        if self.spec.zorder:
+            zrange = ZRange(self.spec.zorder)
+            zrange.observe(table)
+            order = np.argsort(zrange.z_values(table), kind="stable")
+            yield from table.take(pa.array(order)).to_batches(OUTPUT_ROWS)
+            return
+        yield from _sorted_table(table, self._keys).to_batches(OUTPUT_ROWS)
+
+    # ------------------------------------------------------------------ spilled
+
+    def _new_run(self) -> _Run:
+        self.spill_files += 1
+        return _Run(self._folder / f"run-{self.spill_files:06d}.arrows")
+
+    def _account(self, run: _Run) -> None:
+        run.close()
+        self.spilled_bytes += run.bytes
+
+    def _emit(self, run: _Run, level: int, transform: Transform) -> Iterator[pa.RecordBatch]:
+        """The rows of `run` in order; rows of one run are equal on the keys before `level`."""
+        if run.bytes <= self.budget:
+            batches = [transform(b) if transform else b for b in run.batches()]
+            run.delete()
+            if batches:
+                ordered = _sorted_table(pa.Table.from_batches(batches), self._keys)
+                del batches  # only the sorted copy stays while its rows are handed on
+                yield from self._output(ordered)
+            return
+        name, direction = self._keys[level]
+        sample = self._survey(run, name, transform)
+        if sample is None:  # every row equal on this key
+            if level + 1 < len(self._keys):
+                yield from self._emit(run, level + 1, transform)
+                return
+            for batch in run.batches():
+                yield from self._output(transform(batch) if transform else batch)
+            run.delete()
+            return
+        ranges = self._split(run, name, direction, sample, transform)
+        run.delete()
+        for bucket, equal in ranges:
+            yield from self._emit(bucket, level + 1 if equal else level, None)
+
+    def _output(self, rows: pa.Table | pa.RecordBatch) -> Iterator[pa.RecordBatch]:
+        if self.spec.zorder:
+            rows = rows.drop_columns([Z_COLUMN])
+        yield from rows.to_batches(OUTPUT_ROWS) if isinstance(rows, pa.Table) else [rows]
+
+    def _survey(self, run: _Run, name: str, transform: Transform) -> pa.Array | None:
+        """Sorted distinct splitter candidates of column `name` (a random sample plus its smallest
+        value), or None when the run cannot be split on it (every row equal: one value, all NaN or all null)."""
+        picked: list[pa.Array] = []
+        share = min(1.0, SAMPLE_ROWS / max(run.rows, 1))
+        low = high = None
+        kinds = set()
+        for batch in run.batches():
+            column = (transform(batch) if transform else batch).column(name)
+            nan = ordinal.is_nan(column)
+            null = np.asarray(column.is_null(), dtype=bool)
+            kinds.update(k for k, flags in (("nan", nan), ("null", null)) if flags.any())
+            values = column.filter(pa.array(~(nan | null))) if (nan.any() or null.any()) else column
+            if not len(values):
+                continue
+            kinds.add("value")
+            bounds = pc.min_max(values)
+            low = bounds["min"] if low is None or pc.less(bounds["min"], low).as_py() else low
+            high = bounds["max"] if high is None or pc.greater(bounds["max"], high).as_py() else high
+            rows = self._rng.choice(len(values), size=self._rng.binomial(len(values), share), replace=False)
+            picked.append(values.take(pa.array(np.sort(rows), pa.int64())))
+        spread = low is not None and pc.less(low, high).as_py()
+        if len(kinds) < 2 and not spread:
+            return None
+        if low is None:  # NaN and null only: they split apart without splitters
+            return pa.array([])
+        candidates = pa.concat_arrays([*picked, pa.array([low.as_py()], type=low.type)])
+        candidates = pc.unique(candidates)
+        candidates = candidates.filter(pc.less(candidates, high))  # the largest value splits off nothing
+        return candidates.take(pc.sort_indices(candidates))
+
+    def _split(
+        self, run: _Run, name: str, direction: str, candidates: pa.Array, transform: Transform
+    ) -> list[tuple[_Run, bool]]:
+        """Rows of `run` into key-range runs, in output order, each with whether its rows are all
+        equal on `name` (the NaN and null runs)."""
+        ranges = max(2, min(MAX_RANGES, -(-run.bytes * 2 // self.budget)))
+        if len(candidates) >= ranges:
+            at = np.linspace(0, len(candidates) - 1, ranges - 1).round().astype(int)
+            candidates = candidates.take(pa.array(np.unique(at)))
+        main = len(candidates) + 1
+        runs = [self._new_run() for _ in range(main + 2)]  # value ranges, then NaN, then null
+        for batch in run.batches():
+            if transform:
+                batch = transform(batch)
+            column = batch.column(name)
+            ids = _range_ids(column, candidates)
+            ids[ordinal.is_nan(column)] = main
+            ids[np.asarray(column.is_null(), dtype=bool)] = main + 1
+            order = np.argsort(ids, kind="stable")
+            grouped = batch.take(pa.array(order))
+            ends = np.cumsum(np.bincount(ids, minlength=main + 2))
+            start = 0
+            for bucket, end in enumerate(ends):
+                if end > start:
+                    runs[bucket].write(grouped.slice(start, end - start))
+                start = end
+        for r in runs:
+            self._account(r)
+        values = runs[:main] if direction == "ascending" else runs[main - 1 :: -1]
+        ordered = [(r, False) for r in values] + [(runs[main], True), (runs[main + 1], True)]
+        kept = []
+        for r, equal in ordered:
+            if r.rows:
+                kept.append((r, equal))
+            else:
+                r.delete()
+        return kept
+
+
+def _range_ids(column: pa.Array, splitters: pa.Array) -> np.ndarray:
+    """For each value, how many (ascending) splitters it is greater than (nulls and NaN: any).
+    Numbers and temporals by a binary search on their order-preserving keys, which are exact for
+    them (lake/ordinal.py); strings, binary and decimals by one comparison per splitter."""
+    t = column.type
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_temporal(t) or pa.types.is_boolean(t):
+        keys, _ = ordinal.ordinals(column)
+        bounds, _ = ordinal.ordinals(splitters.cast(t))
+        return np.searchsorted(bounds, keys, side="left").astype(np.int64)
+    ids = np.zeros(len(column), dtype=np.int64)
+    for value in splitters:
+        ids += np.asarray(pc.greater(column, value).fill_null(False), dtype=np.int64)
+    return ids
+
+
+def _sorted_table(table: pa.Table, keys: tuple[tuple[str, str], ...]) -> pa.Table:
+    return table.take(pc.sort_indices(table, sort_keys=list(keys)))  # nulls at the end (the default)
+
+
+def _adding_z(zrange: ZRange) -> Callable[[pa.RecordBatch], pa.RecordBatch]:
+    def add(batch: pa.RecordBatch) -> pa.RecordBatch:
+        return batch.append_column(Z_COLUMN, pa.array(zrange.z_values(batch), pa.uint64()))
+
+    return add
+
+
+def _chain(first: list[pa.RecordBatch], rest: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """`first` (handed over, not kept) then `rest`."""
+    while first:
+        yield first.pop(0)
+    yield from rest

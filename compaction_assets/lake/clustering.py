@@ -1,0 +1,80 @@
+"""A table's clustering: its z-order columns (compaction.zorder-columns), which win, else its sort
+order. What the planner measures bounds_overlap on and what sorted rewrites order by."""
+
+from __future__ import annotations
+
+from pyiceberg.io.pyarrow import schema_to_pyarrow
+from pyiceberg.schema import Schema, sanitize_column_names
+from pyiceberg.table import Table
+from pyiceberg.table.sorting import SortDirection
+from pyiceberg.transforms import DayTransform, HourTransform, IdentityTransform, MonthTransform, YearTransform
+from pyiceberg.types import NestedField, PrimitiveType
+
+from compaction_assets.errors import ConfigError
+from compaction_assets.lake import ordinal
+from compaction_assets.planning.overlap import Clustering
+from compaction_assets.planning.policy import Policy
+
+_MONOTONIC = (IdentityTransform, YearTransform, MonthTransform, DayTransform, HourTransform)
+
+
+def clustering_of(table: Table, table_name: str, policy: Policy) -> Clustering | None:
+    """The z-order columns if set (each a top-level column of a primitive type), else the sort
+    order's leading fields (up to the first non-monotonic transform); None: neither.
+
+    Raises:
+        ConfigError: a z-order column the table does not have, or one that is not a top-level
+            primitive column (naming the table and the column).
+    """
+    schema = table.schema()
+    if policy.zorder_columns:
+        fields = [_zorder_field(schema, table_name, name) for name in policy.zorder_columns]
+        return Clustering(
+            tuple(f.name for f in fields), tuple(f.field_id for f in fields), tuple(f.field_type for f in fields), True
+        )
+    fields = [schema.find_field(field_id) for field_id, _ in _sort_fields(table)]
+    if not fields:
+        return None
+    return Clustering(
+        tuple(f.name for f in fields), tuple(f.field_id for f in fields), tuple(f.field_type for f in fields), False
+    )
+
+
+def sort_keys(table: Table) -> list[tuple[str, str]]:
+    """The table's sort order as pyarrow sort keys on the written files' column names."""
+    names = sanitize_column_names(table.schema())
+    return [(names.find_column_name(field_id), direction) for field_id, direction in _sort_fields(table)]
+
+
+def file_column_names(table: Table, clustering: Clustering) -> list[str]:
+    """The clustering columns' names in the written files (pyiceberg sanitises some names)."""
+    names = sanitize_column_names(table.schema())
+    return [names.find_column_name(field_id) for field_id in clustering.field_ids]
+
+
+def _sort_fields(table: Table) -> list[tuple[int, str]]:
+    """(field id, ascending|descending) of the sort order's leading top-level fields with a
+    monotonic transform (sorting by the column itself then sorts by the transform too)."""
+    top_level = {f.field_id for f in table.schema().fields}
+    keys: list[tuple[int, str]] = []
+    for sort_field in table.sort_order().fields:
+        if not isinstance(sort_field.transform, _MONOTONIC) or sort_field.source_id not in top_level:
+            break
+        keys.append((sort_field.source_id, "ascending" if sort_field.direction == SortDirection.ASC else "descending"))
+    return keys
+
+
+def _zorder_field(schema: Schema, table_name: str, name: str) -> NestedField:
+    top_level = {f.name: f for f in schema.fields}
+    found = top_level.get(name)
+    if found is None:
+        raise ConfigError(
+            f"table '{table_name}': compaction.zorder-columns names '{name}', which is no top-level column of "
+            f"the table (columns: {', '.join(top_level)})"
+        )
+    if not isinstance(found.field_type, PrimitiveType) or not ordinal.orderable(schema_to_pyarrow(found.field_type)):
+        raise ConfigError(
+            f"table '{table_name}': compaction.zorder-columns names '{name}' of type {found.field_type}; "
+            "z-order needs primitive columns"
+        )
+    return found
