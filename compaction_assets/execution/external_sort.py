@@ -176,15 +176,15 @@ class ExternalSort:
                 del batches  # only the sorted copy stays while its rows are handed on
                 yield from self._output(ordered)
             return
-        name, direction = self._keys[level]
-        sample = self._survey(run, name, transform)
-        if sample is None:  # every row equal on this key
-            if level + 1 < len(self._keys):
-                yield from self._emit(run, level + 1, transform)
-                return
+        if level == len(self._keys):  # equal on every key (e.g. the last key's NaN or null rows): any order
             for batch in run.batches():
                 yield from self._output(transform(batch) if transform else batch)
             run.delete()
+            return
+        name, direction = self._keys[level]
+        sample = self._survey(run, name, transform)
+        if sample is None:  # every row equal on this key
+            yield from self._emit(run, level + 1, transform)
             return
         ranges = self._split(run, name, direction, sample, transform)
         run.delete()

@@ -228,6 +228,11 @@ def rewrite_group(job: RewriteJob, index: int) -> GroupOutcome:
     spec = job.groups[index]
     _reset_peak_rss()
     metadata = TableMetadataUtil.parse_raw(job.metadata_json)
+    if spec.expire is not None:  # outputs keep the expire column's bounds whatever the metrics mode:
+        # without them the next plan could not tell what they hold, and would rewrite them again
+        column = metadata.schema().find_column_name(spec.expire.field_id)
+        metrics = {**metadata.properties, f"write.metadata.metrics.column.{column}": "full"}
+        metadata = metadata.model_copy(update={"properties": metrics})
     io = load_file_io(job.io_properties, metadata.location)
     partition = decode_partition(spec.partition)
     if spec.output_spec_id is None:

@@ -57,7 +57,10 @@ class ExpireRule:
     retention_ms: int
 
     def describe(self) -> str:
-        at = dt.datetime.fromtimestamp(self.cutoff_ms / 1000, dt.UTC).isoformat(timespec="milliseconds")
+        try:
+            at = dt.datetime.fromtimestamp(self.cutoff_ms / 1000, dt.UTC).isoformat(timespec="milliseconds")
+        except (ValueError, OverflowError, OSError):  # before year 1 (a retention of millennia)
+            at = f"{self.cutoff_ms} ms after the epoch"
         return f"{self.column} < {at} (now - retention {self.retention_ms} ms)"
 
     def verdict(self, data_file: DataFile) -> Verdict:
