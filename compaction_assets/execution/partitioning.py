@@ -47,7 +47,8 @@ def partition_folder(data_path: str, spec: PartitionSpec, schema: Schema, partit
 
 
 def _transformed(batch: pa.RecordBatch, spec: PartitionSpec, schema: Schema, position: int) -> pa.Array:
-    """The partition field's values of each row: its transform of its source column (by field id)."""
+    """The partition field's values of each row: its transform of its source column (by field id),
+    extension types as their storage."""
     partition_field = spec.fields[position]
     accessor = schema.accessor_for_field(partition_field.source_id)
     column = batch.column(accessor.position)
@@ -55,4 +56,7 @@ def _transformed(batch: pa.RecordBatch, spec: PartitionSpec, schema: Schema, pos
         accessor = accessor.inner
         column = pc.struct_field(column, [accessor.position])
     source_type = schema.find_field(partition_field.source_id).field_type
-    return partition_field.transform.pyarrow_transform(source_type)(column)
+    values = partition_field.transform.pyarrow_transform(source_type)(column)
+    # group_by takes no extension keys (identity of a uuid is extension<arrow.uuid>): group by the
+    # storage (its 16 bytes, as a partition record holds a uuid)
+    return values.storage if isinstance(values.type, pa.BaseExtensionType) else values
