@@ -96,3 +96,67 @@ def test_old_spec_into_an_identity_uuid_partition_fails_on_every_run(lake):
     assert Counter(row_key(r) for r in spec_rows(table)) == expected
     assert Counter(row_key(r) for r in duckdb_rows(table)) == expected
     assert assert_partitions_match_rows(table) == 4  # u = NULL and three values
+
+
+# ------------------------------------------------------------------ a table sorted by a uuid column
+
+from pyiceberg.table.sorting import SortField, SortOrder  # noqa: E402
+from pyiceberg.transforms import IdentityTransform  # noqa: E402
+
+from compaction_assets.execution.external_sort import ExternalSort, SortSpec  # noqa: E402
+
+
+def _keyed_chunks(files: int, rows: int) -> list[pa.Table]:
+    arrow = KEYED.as_arrow()
+    return [
+        pa.table(
+            {
+                "id": pa.array(range(i * rows, (i + 1) * rows), pa.int64()),
+                "u": pa.array(
+                    [None if j % 7 == 0 else uuid.UUID(int=(j * 7919 + i) % 1000 << 64).bytes for j in range(rows)],
+                    arrow.field("u").type,
+                ),
+            },
+            schema=arrow,
+        )
+        for i in range(files)
+    ]
+
+
+def test_full_optimizing_of_a_table_sorted_by_a_uuid_column_fails_on_every_run(lake):
+    """A table whose sort order is a uuid column (ORDER BY a key, as CDC targets often are): every
+    sorted rewrite (major, full, cluster) sorts the batches by it, and the reader hands uuid columns
+    over as extension<arrow.uuid>, which pyarrow cannot sort ("Sorting not supported for type
+    extension<arrow.uuid>"): the group fails, on every run."""
+    order = SortOrder(SortField(source_id=2, transform=IdentityTransform()))
+    table = lake.catalog.create_table(
+        "ns.keyed", schema=KEYED, sort_order=order, properties={"compaction.full.trigger-interval-ms": "60000"}
+    )
+    append_fragments(table, _keyed_chunks(4, 40))
+    table = lake.table("ns.keyed")
+    expected = Counter(row_key(r) for r in spec_rows(table))
+    [plan] = lake.engine.plan("ns.keyed").to_compact
+    assert plan.kind == Kind.FULL, plan.reason
+
+    [outcome] = lake.engine.compact("ns.keyed")
+
+    assert outcome.status == "committed", f"{outcome.status}: {outcome.reason}"
+    table = lake.table("ns.keyed")
+    assert Counter(row_key(r) for r in spec_rows(table)) == expected
+    assert Counter(row_key(r) for r in duckdb_rows(table)) == expected
+    values = [v for f in live_files(table) for v in read_column(table, f.data_file, 2, "u")]
+    assert [v for v in values if v is not None] == sorted(v for v in values if v is not None)
+
+
+def test_external_sort_of_a_uuid_column_larger_than_its_budget(tmp_path):
+    """The same sort spilled: splitters, range ids and the sort of each range on a uuid column."""
+    table = pa.concat_tables(_keyed_chunks(10, 2000))
+    sort = ExternalSort(SortSpec(keys=(("u", "ascending"),)), budget_bytes=32 * 1024, spill_dir=str(tmp_path))
+
+    out = pa.Table.from_batches(list(sort.sorted(iter(table.to_batches(max_chunksize=1000)))))
+
+    assert sort.spill_files > 1 and out.schema == table.schema
+    assert Counter(out.column("id").to_pylist()) == Counter(range(20_000))
+    values = out.column("u").to_pylist()
+    present = [v for v in values if v is not None]
+    assert present == sorted(present) and values[len(present) :] == [None] * (len(values) - len(present))
