@@ -204,7 +204,7 @@ class ExternalSort:
         low = high = None
         kinds = set()
         for batch in run.batches():
-            column = (transform(batch) if transform else batch).column(name)
+            column = _comparable((transform(batch) if transform else batch).column(name))
             nan = ordinal.is_nan(column)
             null = np.asarray(column.is_null(), dtype=bool)
             kinds.update(k for k, flags in (("nan", nan), ("null", null)) if flags.any())
@@ -241,7 +241,7 @@ class ExternalSort:
         for batch in run.batches():
             if transform:
                 batch = transform(batch)
-            column = batch.column(name)
+            column = _comparable(batch.column(name))
             ids = _range_ids(column, candidates)
             ids[ordinal.is_nan(column)] = main
             ids[np.asarray(column.is_null(), dtype=bool)] = main + 1
@@ -282,7 +282,18 @@ def _range_ids(column: pa.Array, splitters: pa.Array) -> np.ndarray:
 
 
 def _sorted_table(table: pa.Table, keys: tuple[tuple[str, str], ...]) -> pa.Table:
-    return table.take(pc.sort_indices(table, sort_keys=list(keys)))  # nulls at the end (the default)
+    view = pa.table({name: _comparable(table.column(name)) for name in dict(keys)})
+    return table.take(pc.sort_indices(view, sort_keys=list(keys)))  # nulls at the end (the default)
+
+
+def _comparable(column: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """An extension column (a uuid: extension<arrow.uuid>) as its storage, which pyarrow sorts and
+    compares in the same order (a uuid's 16 bytes); any other column as it is."""
+    if not isinstance(column.type, pa.BaseExtensionType):
+        return column
+    if isinstance(column, pa.ChunkedArray):
+        return pa.chunked_array([c.storage for c in column.chunks], column.type.storage_type)
+    return column.storage
 
 
 def _adding_z(zrange: ZRange) -> Callable[[pa.RecordBatch], pa.RecordBatch]:
