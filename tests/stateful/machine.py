@@ -724,7 +724,9 @@ class TableHistory(RuleBasedStateMachine):
             if mode == "off" and (
                 present := {"compaction.zorder-columns", *CLUSTER_PROPERTIES} & set(table.properties)
             ):
-                txn.remove_properties(*present)
+                # the target goes too (a split tuning set it since): its max file size would be left
+                # below the configured target (invalid)
+                txn.remove_properties(*present, *({"compaction.max-file-size-bytes"} & set(table.properties)))
 
     @rule()
     def expire_snapshots_by_another_engine(self) -> None:
