@@ -7,7 +7,8 @@ non-decreasing map: distinct values may share a key). Z-order interleaves these 
 - unsigned integers and booleans: as they are;
 - floats and decimals: the IEEE-754 bits of the float64, flipped so negatives order below positives
   (NaN above +inf, -0.0 as 0.0);
-- strings, binary, fixed-size binary (UUIDs): their leading 8 bytes, big-endian, zero-padded.
+- strings, binary, fixed-size binary (UUIDs, also as extension<arrow.uuid>): their leading 8 bytes,
+  big-endian, zero-padded.
 Nulls get key 0 and valid=False; callers decide where nulls go.
 """
 
@@ -24,7 +25,7 @@ _SHIFTS = np.array([8 * (PREFIX_BYTES - 1 - i) for i in range(PREFIX_BYTES)], dt
 
 def orderable(arrow_type: pa.DataType) -> bool:
     """Whether `ordinals` maps values of this type."""
-    t = arrow_type
+    t = arrow_type.storage_type if isinstance(arrow_type, pa.BaseExtensionType) else arrow_type  # uuid
     return (
         pa.types.is_integer(t)
         or pa.types.is_boolean(t)
@@ -43,6 +44,8 @@ def ordinals(values: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray
     """(keys as uint64, valid) for every value; see the module doc. Raises TypeError for other types."""
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks() if values.num_chunks != 1 else values.chunk(0)
+    if isinstance(values.type, pa.BaseExtensionType):  # a uuid (extension<arrow.uuid>): its 16 bytes
+        values = values.storage
     t = values.type
     valid = ~np.asarray(values.is_null(), dtype=bool) if values.null_count else np.ones(len(values), dtype=bool)
     if pa.types.is_dictionary(t):
