@@ -4,7 +4,14 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
-from dagster import AssetKey, DagsterRunStatus, RunRequest, build_sensor_context, instance_for_test
+from dagster import (
+    AssetKey,
+    DagsterRunStatus,
+    RunRequest,
+    build_schedule_context,
+    build_sensor_context,
+    instance_for_test,
+)
 from dagster._core.test_utils import create_run_for_test
 
 from compaction_assets.commit.ledger import Status
@@ -62,12 +69,18 @@ def test_materialising_a_partition_compacts_it_and_the_check_passes(lake, instan
     meta = materialization_metadata(quiet)
     assert meta["status"] == "skipped" and "min_input_files" in meta["reason"]
 
-    # GC, downstream of the table: the 30 replaced files go once their snapshots expire.
+    # GC, the daily schedule's run over every table's maintenance partition: the 30 replaced files
+    # go once their snapshots expire.
     with lake.table("ns.t").transaction() as txn:
         txn.set_properties({"history.expire.max-snapshot-age-ms": "0"})
     defs = build_definitions(load_config(lake.config_path))
-    gc = defs.resolve_job_def("gc_all_tables").execute_in_process(instance=instance)
-    [event] = gc.asset_materializations_for_node("gc_tables")
+    [daily] = defs.schedules
+    request = daily(build_schedule_context(instance=instance))
+    assert isinstance(request, RunRequest)
+    assert list(instance.get_dynamic_partitions("maintenance_tables")) == ["ns.t"]  # added by the schedule
+    gc = defs.resolve_job_def("gc_all_tables").execute_in_process(instance=instance, tags=request.tags)
+    [event] = gc.asset_materializations_for_node("maintenance")
+    assert event.partition == "ns.t" and event.metadata["kind"].value == "gc"
     assert event.metadata["files_deleted"].value >= 30 and event.metadata["bytes_reclaimed"].value > 0
     assert rows_digest(lake.table("ns.t")) == before
 

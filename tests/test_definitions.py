@@ -42,8 +42,10 @@ def test_assets_partitions_lineage_and_checks(queued_lake):
         assert (table, "precommit_commit_consistency") in check_keys
     assert table_job(defs, "sales.orders") is not None
     assert {s.name for s in defs.sensors} == {"fragmentation_sensor", "recovery_sensor"}
-    gc = graph.get(AssetKey(["gc", "sales", "orders"]))
-    assert gc.parent_keys == {AssetKey(["lake", "sales", "orders"])}  # GC is downstream of the table
+    maintenance = graph.get(AssetKey("maintenance"))  # GC and manifest rewrites: a partition per table
+    assert isinstance(maintenance.partitions_def, DynamicPartitionsDefinition)
+    assert maintenance.partitions_def.name == "maintenance_tables"
+    assert not any(k.path[0] == "gc" for k in graph.get_all_asset_keys())  # one maintenance asset, not one per table
     assert [s.name for s in defs.schedules] == ["gc_daily"]
 
 
@@ -88,7 +90,13 @@ def test_details_follow_the_catalog_and_a_run_worker_defines_only_its_tables(tmp
     scoped = build_definitions(config, only=["ns.c"])
     assert partitioned_keys(scoped) == {"ns/c": False}
     assert table_job(scoped, "ns.c") is not None
-    assert run_tables([AssetKey(["lake", "ns", "c"]), AssetKey(["gc", "ns", "a"])]) == ["ns.a", "ns.c"]
+    assert run_tables([AssetKey(["lake", "ns", "c"]), AssetKey(["lake", "ns", "a"])]) == ["ns.a", "ns.c"]
+    assert run_tables([AssetKey("maintenance")]) == []  # a maintenance run defines no table asset
+    assert run_tables([AssetKey("maintenance"), AssetKey(["lake", "ns", "a"])]) == ["ns.a"]
+    assert any(
+        k == AssetKey("maintenance")
+        for k in build_definitions(config, only=[]).resolve_asset_graph().get_all_asset_keys()
+    )
     assert run_tables([AssetKey(["writers", "orders_stream"])]) is None and run_tables(None) is None
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from dagster import DagsterRunStatus, build_sensor_context, instance_for_test
+from dagster import DagsterRunStatus, SensorResult, build_sensor_context, instance_for_test
 from dagster._core.test_utils import create_run_for_test
 from pyiceberg.expressions import EqualTo
 from pyiceberg.manifest import ManifestContent, ManifestEntryStatus
@@ -26,7 +26,7 @@ from compaction_assets.commit.manifest_rewrite import MANIFESTS_REPLACED, Manife
 from compaction_assets.commit.recovery import recover
 from compaction_assets.config import PolicyConfig, load_config
 from compaction_assets.defs.build import build_definitions
-from compaction_assets.defs.gc_assets import gc_key
+from compaction_assets.defs.gc_assets import MAINTENANCE_KEY, MAINTENANCE_PARTITIONS
 from compaction_assets.defs.naming import table_key
 from compaction_assets.defs.resources import CompactionResource
 from compaction_assets.errors import ConfigError
@@ -349,28 +349,35 @@ def test_the_sensor_requests_it_and_the_run_materialises_the_tables_maintenance_
     sensor = defs.get_sensor_def("fragmentation_sensor")
     with instance_for_test() as instance:
 
-        def tick() -> list:
-            return sensor(build_sensor_context(instance=instance, definitions=defs, resources=resources)).run_requests
+        def evaluate() -> SensorResult:
+            return sensor(build_sensor_context(instance=instance, definitions=defs, resources=resources))
 
-        requests = {r.tags["compaction/table"]: r for r in tick()}
+        def tick() -> list:
+            return evaluate().run_requests
+
+        first = evaluate()
+        requests = {r.tags["compaction/table"]: r for r in first.run_requests}
 
         maintenance = requests["ns.t"]
         tags = dict(maintenance.tags)
-        assert maintenance.asset_selection == [gc_key("ns.t")] and maintenance.partition_key is None
+        assert maintenance.asset_selection == [MAINTENANCE_KEY] and maintenance.partition_key == "ns.t"
+        [added] = [r for r in first.dynamic_partitions_requests if r.partitions_def_name == MAINTENANCE_PARTITIONS.name]
+        assert list(added.partition_keys) == ["ns.t"]  # the table becomes a partition of the maintenance asset
+        instance.add_dynamic_partitions(MAINTENANCE_PARTITIONS.name, ["ns.t"])
         assert maintenance.tags["compaction/maintenance"] == "rewrite-manifests"
         assert maintenance.tags["compaction/queue"] == "default" and "dagster/priority" in maintenance.tags
         assert requests["ns.busy"].asset_selection == [table_key("ns.busy")]  # a partition compaction
         queued = create_run_for_test(instance, job_name="__ASSET_JOB", status=DagsterRunStatus.STARTING, tags=tags)
         assert "ns.t" not in {r.tags["compaction/table"] for r in tick()}  # in flight
         instance.delete_run(queued.run_id)
-        job = defs.resolve_implicit_global_asset_job_def().get_subset(asset_selection={gc_key("ns.t")})
+        job = defs.resolve_implicit_global_asset_job_def().get_subset(asset_selection={MAINTENANCE_KEY})
 
-        result = job.execute_in_process(instance=instance, tags=maintenance.tags)
+        result = job.execute_in_process(instance=instance, tags=maintenance.tags, partition_key="ns.t")
 
         assert result.success
-        [event] = result.asset_materializations_for_node("gc_tables")
+        [event] = result.asset_materializations_for_node("maintenance")
         meta = {k: v.value for k, v in event.metadata.items()}
-        assert event.asset_key == gc_key("ns.t")
+        assert event.asset_key == MAINTENANCE_KEY and event.partition == "ns.t" and meta["table"] == "ns.t"
         assert meta["kind"] == "rewrite-manifests" and meta["status"] == "committed", meta
         assert meta["manifests_before"] == 24 and meta["manifests_after"] == 1
         assert int(meta["snapshot_id"]) == lake.table("ns.t").current_snapshot().snapshot_id

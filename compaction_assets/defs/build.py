@@ -3,8 +3,8 @@
 Loading them costs one catalog query (SQL catalogs: names and metadata files of every table) and
 one query of the details cache (lake/table_details); a metadata file is read only the first time
 it is seen. The Dagster objects are a few ops per queue (each table of the queue is an asset of
-one of them: see naming.op_name) and one GC op, not an op and a job per table: the sensor
-requests a table by asset selection.
+one of them: see naming.op_name) and one maintenance asset partitioned by table (gc_assets), not
+an op and a job per table: the sensor requests a table by asset selection.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dagster import AssetKey, AssetSpec, Definitions, JobDefinition, in_process_
 from compaction_assets.config import CompactionConfig
 from compaction_assets.defs.assets import queue_assets, table_spec
 from compaction_assets.defs.demo_writer import DEMO_WRITER_KEY, orders_stream
-from compaction_assets.defs.gc_assets import gc_assets, gc_schedule
+from compaction_assets.defs.gc_assets import gc_schedule, maintenance
 from compaction_assets.defs.naming import op_name, table_key
 from compaction_assets.defs.resources import CompactionResource, pyspark_resource
 from compaction_assets.defs.sensors import fragmentation_sensor, recover_job, recovery_sensor, restart_spark_server_job
@@ -54,8 +54,7 @@ def build_definitions(config: CompactionConfig, only: Collection[str] | None = N
         specs_by_op.setdefault((op_name(rule.queue, name), rule.queue), {})[name] = spec
         upstream.update(AssetKey.from_user_string(u) for u in rule.upstream)
     assets: list = [queue_assets(op, queue, specs) for (op, queue), specs in sorted(specs_by_op.items())]
-    if details:
-        assets.append(gc_assets(list(details)))
+    assets.append(maintenance)
     if DEMO_WRITER_KEY in upstream:
         assets.append(orders_stream)
     # Writers we do not run still appear in the lineage graph.
@@ -66,7 +65,7 @@ def build_definitions(config: CompactionConfig, only: Collection[str] | None = N
     return Definitions(
         assets=assets,
         jobs=[recover_job, restart_spark_server_job],
-        schedules=[gc_schedule()] if details else [],
+        schedules=[gc_schedule(list(details) if only is None else None)],
         sensors=[
             fragmentation_sensor(partitioned, scheduling.sensor_interval_seconds, left_out),
             recovery_sensor(scheduling.recovery_interval_seconds),

@@ -1,113 +1,112 @@
-"""Table maintenance apart from compaction: one asset per table, downstream of the table asset.
+"""Table maintenance apart from compaction: one asset, `maintenance`, partitioned by table name.
 
-Materialising it collects the table's garbage (the daily `gc_all_tables` schedule), or, in a run
-tagged `compaction/maintenance=rewrite-manifests` (the fragmentation sensor requests those),
-rewrites the table's small manifests (commit/manifest_rewrite.py). A manifest rewrite is
-table-wide, not per partition, so it materialises this unpartitioned asset rather than the
-table's partitioned one; its metadata `kind` says which maintenance ran (`gc` or
-`rewrite-manifests`).
+Materialising a table's partition collects the table's garbage (the daily `gc_all_tables`
+schedule runs every managed table's partition in one run), or, in a run tagged
+`compaction/maintenance=rewrite-manifests` (the fragmentation sensor requests those), rewrites
+the table's small manifests (commit/manifest_rewrite.py). Maintenance is table-wide, not per
+Iceberg partition, so it is not the table asset's; its metadata `kind` says which maintenance ran
+(`gc` or `rewrite-manifests`). One asset rather than one per table: Dagster snapshots every
+asset at each code-location load, and a second asset per table doubled that cost.
 """
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 
 from dagster import (
+    AddDynamicPartitionsRequest,
     AssetExecutionContext,
-    AssetKey,
-    AssetsDefinition,
-    AssetSelection,
-    AssetSpec,
+    AssetMaterialization,
     DefaultScheduleStatus,
+    DynamicPartitionsDefinition,
     Failure,
-    MaterializeResult,
     MetadataValue,
+    RunRequest,
     ScheduleDefinition,
+    ScheduleEvaluationContext,
+    SkipReason,
+    asset,
     define_asset_job,
-    multi_asset,
+    schedule,
 )
 
-from compaction_assets.defs.naming import MAINTENANCE_TAG, table_key
+from compaction_assets.defs.naming import MAINTENANCE_KEY, MAINTENANCE_TAG, RANGE_END_TAG, RANGE_START_TAG
 from compaction_assets.defs.resources import CompactionResource
 from compaction_assets.engine import Engine
 from compaction_assets.planning.planner import Kind
 from compaction_assets.redact import redact
 
 GC_JOB = "gc_all_tables"
+MAINTENANCE_PARTITIONS = DynamicPartitionsDefinition(name="maintenance_tables")
 
 
-def gc_key(table_name: str) -> AssetKey:
-    return AssetKey(["gc", *table_name.split(".")])
+def maintenance_partition_request(instance_partitions: Collection[str], table_name: str) -> list:
+    """What makes the table a partition of the maintenance asset, if it is not yet one."""
+    if table_name in instance_partitions:
+        return []
+    return [AddDynamicPartitionsRequest(partitions_def_name=MAINTENANCE_PARTITIONS.name, partition_keys=[table_name])]
 
 
-def gc_spec(table_name: str) -> AssetSpec:
-    return AssetSpec(
-        key=gc_key(table_name),
-        deps=[table_key(table_name)],
-        group_name="maintenance",
-        kinds={"iceberg"},
-        skippable=True,  # a table whose GC failed reports none; the others still do
-        description=f"Maintenance of `{table_name}`: garbage collection (expires old snapshots and deletes files "
-        "that no retained snapshot or in-flight task references, orphans only after a grace period), and "
-        "manifest rewrites (small manifests merged, clustered by partition) when the sensor asks for one.",
+@asset(
+    key=MAINTENANCE_KEY,
+    partitions_def=MAINTENANCE_PARTITIONS,
+    group_name="maintenance",
+    kinds={"iceberg"},
+    output_required=False,  # a materialisation per table (partition) of the run is reported instead
+    description="Maintenance of the managed tables, a partition per table (`namespace.table`): garbage "
+    "collection (expires old snapshots and deletes files that no retained snapshot or in-flight task "
+    "references, orphans only after a grace period), and manifest rewrites (small manifests merged, clustered "
+    "by partition) when the sensor asks for one.",
+)
+def maintenance(context: AssetExecutionContext, compaction: CompactionResource) -> Iterator[AssetMaterialization]:
+    """A run maintains the tables of its partitions one after the other; one failing does not
+    stop the rest."""
+    engine = compaction.engine()
+    failed: list[str] = []
+    rewrite = context.run.tags.get(MAINTENANCE_TAG) == str(Kind.REWRITE_MANIFESTS)
+    for table_name in context.partition_keys:
+        try:
+            done = _rewrite_manifests(context, engine, table_name) if rewrite else _gc(context, engine, table_name)
+        except Exception as exc:  # noqa: BLE001 - reported below, after the other tables
+            what = "manifest rewrite" if rewrite else "GC"
+            context.log.error(redact(f"{table_name}: {what} failed: {exc}"))
+            failed.append(table_name)
+            continue
+        yield done
+    if failed:
+        what = "manifest rewrite" if rewrite else "GC"
+        raise Failure(description=f"{what} failed for {len(failed)} table(s): {', '.join(failed[:20])}")
+
+
+def _gc(context: AssetExecutionContext, engine: Engine, table_name: str) -> AssetMaterialization:
+    report = engine.gc(table_name)
+    context.log.info(
+        f"{table_name}: expired {len(report.snapshots_expired)} snapshot(s), deleted {report.files_deleted} "
+        f"file(s) ({len(report.orphan_files)} orphans), {report.bytes_reclaimed} bytes"
+        + (" (paused: skipped)" if report.paused else "")
+    )
+    return AssetMaterialization(
+        asset_key=MAINTENANCE_KEY,
+        partition=table_name,
+        metadata={
+            "kind": "gc",
+            "table": table_name,
+            "paused": report.paused,
+            "snapshots_expired": len(report.snapshots_expired),
+            "files_deleted": report.files_deleted,
+            "orphan_files_deleted": len(report.orphan_files),
+            "bytes_reclaimed": report.bytes_reclaimed,
+        },
     )
 
 
-def gc_assets(table_names: list[str]) -> AssetsDefinition:
-    """Every table's GC asset in one op (as the tables' own assets, see queue_assets): a run
-    collects the selected tables one after the other; one failing does not stop the rest."""
-    tables = {gc_key(t): t for t in table_names}
-
-    @multi_asset(name="gc_tables", specs=[gc_spec(t) for t in table_names], can_subset=True)
-    def _gc(context: AssetExecutionContext, compaction: CompactionResource) -> Iterator[MaterializeResult]:
-        engine = compaction.engine()
-        failed: list[str] = []
-        rewrite = context.run.tags.get(MAINTENANCE_TAG) == str(Kind.REWRITE_MANIFESTS)
-        for key in sorted(context.selected_asset_keys):
-            table_name = tables[key]
-            if rewrite:
-                try:
-                    yield _rewrite_manifests(context, engine, key, table_name)
-                except Exception as exc:  # noqa: BLE001 - reported below, after the other tables
-                    context.log.error(redact(f"{table_name}: manifest rewrite failed: {exc}"))
-                    failed.append(table_name)
-                continue
-            try:
-                report = engine.gc(table_name)
-            except Exception as exc:  # noqa: BLE001 - reported below, after the other tables
-                context.log.error(redact(f"{table_name}: GC failed: {exc}"))
-                failed.append(table_name)
-                continue
-            context.log.info(
-                f"{table_name}: expired {len(report.snapshots_expired)} snapshot(s), deleted {report.files_deleted} "
-                f"file(s) ({len(report.orphan_files)} orphans), {report.bytes_reclaimed} bytes"
-                + (" (paused: skipped)" if report.paused else "")
-            )
-            yield MaterializeResult(
-                asset_key=key,
-                metadata={
-                    "kind": "gc",
-                    "paused": report.paused,
-                    "snapshots_expired": len(report.snapshots_expired),
-                    "files_deleted": report.files_deleted,
-                    "orphan_files_deleted": len(report.orphan_files),
-                    "bytes_reclaimed": report.bytes_reclaimed,
-                },
-            )
-        if failed:
-            what = "manifest rewrite" if rewrite else "GC"
-            raise Failure(description=f"{what} failed for {len(failed)} table(s): {', '.join(failed[:20])}")
-
-    return _gc
-
-
-def _rewrite_manifests(
-    context: AssetExecutionContext, engine: Engine, key: AssetKey, table_name: str
-) -> MaterializeResult:
+def _rewrite_manifests(context: AssetExecutionContext, engine: Engine, table_name: str) -> AssetMaterialization:
     report = engine.rewrite_manifests(table_name, task_id=context.run.run_id)
     context.log.info(redact(f"{table_name}: {report.status}: {report.reason}"))
-    return MaterializeResult(
-        asset_key=key,
+    return AssetMaterialization(
+        asset_key=MAINTENANCE_KEY,
+        partition=table_name,
         metadata={
             "kind": str(Kind.REWRITE_MANIFESTS),
+            "table": table_name,
             "status": report.status,
             "reason": redact(report.reason),
             "manifests_before": report.manifests_before,
@@ -124,8 +123,25 @@ def _rewrite_manifests(
     )
 
 
-def gc_schedule() -> ScheduleDefinition:
-    job = define_asset_job(GC_JOB, selection=AssetSelection.key_prefixes("gc"))
-    return ScheduleDefinition(
-        name="gc_daily", job=job, cron_schedule="0 3 * * *", default_status=DefaultScheduleStatus.RUNNING
-    )
+def gc_schedule(table_names: Collection[str] | None) -> ScheduleDefinition:
+    """Daily: one run over every managed table's maintenance partition. The partitions follow the
+    managed tables (`table_names`; None in a run worker, which has not loaded them): a table's
+    is added here or by the sensor, a dropped table's removed here."""
+    job = define_asset_job(GC_JOB, selection=[MAINTENANCE_KEY])
+
+    @schedule(job=job, cron_schedule="0 3 * * *", default_status=DefaultScheduleStatus.RUNNING, name="gc_daily")
+    def _gc_daily(context: ScheduleEvaluationContext) -> RunRequest | SkipReason:
+        name = MAINTENANCE_PARTITIONS.name
+        existing = list(context.instance.get_dynamic_partitions(name))
+        if table_names is not None:
+            wanted = set(table_names)
+            for gone in sorted(set(existing) - wanted):
+                context.instance.delete_dynamic_partition(name, gone)
+            if added := sorted(wanted - set(existing)):
+                context.instance.add_dynamic_partitions(name, added)
+            existing = list(context.instance.get_dynamic_partitions(name))
+        if not existing:
+            return SkipReason("no managed tables")
+        return RunRequest(tags={RANGE_START_TAG: existing[0], RANGE_END_TAG: existing[-1]})
+
+    return _gc_daily

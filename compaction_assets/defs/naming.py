@@ -18,6 +18,7 @@ LOCATION_NAME = "compaction_assets"  # the code location, in workspace.yaml and 
 WEBSERVER_ENV = "COMPACTION_DAGSTER_URL"  # the webserver the sensor asks to reload the code location
 # A JSON list of tables: the code location defines only these (a run worker that knows its run's)
 TABLES_ENV = "COMPACTION_DEFS_TABLES"
+MAINTENANCE_KEY = AssetKey("maintenance")  # GC and manifest rewrites: a partition per table (gc_assets)
 
 
 def table_key(table_name: str) -> AssetKey:
@@ -30,9 +31,12 @@ def partitions_name(table_name: str) -> str:
 
 
 def run_tables(asset_keys: Iterable[AssetKey] | None) -> list[str] | None:
-    """The tables a run of these assets (tables' or their GC's) needs; None if it needs others too."""
-    keys = list(asset_keys or [])
-    if not keys or any(len(k.path) < 3 or k.path[0] not in ("lake", "gc") for k in keys):
+    """The table assets a run of these assets (tables' or the maintenance asset, which needs
+    none) needs defined; None if it needs others too."""
+    keys = [k for k in asset_keys or [] if k != MAINTENANCE_KEY]
+    if not keys and asset_keys:
+        return []
+    if not keys or any(len(k.path) < 3 or k.path[0] != "lake" for k in keys):
         return None
     return sorted({".".join(k.path[1:]) for k in keys})
 

@@ -38,7 +38,7 @@ from dagster import (
 from compaction_assets.commit.ledger import OPEN
 from compaction_assets.commit.recovery import orphaned_because
 from compaction_assets.config import CompactionConfig, TableRule
-from compaction_assets.defs.gc_assets import gc_key
+from compaction_assets.defs.gc_assets import MAINTENANCE_KEY, MAINTENANCE_PARTITIONS, maintenance_partition_request
 from compaction_assets.defs.naming import (
     LOCATION_NAME,
     MAINTENANCE_TAG,
@@ -133,7 +133,7 @@ def fragmentation_sensor(
 
     @sensor(
         name="fragmentation_sensor",
-        asset_selection=AssetSelection.key_prefixes("lake") | AssetSelection.key_prefixes("gc"),
+        asset_selection=AssetSelection.key_prefixes("lake") | AssetSelection.assets(MAINTENANCE_KEY),
         minimum_interval_seconds=interval_seconds,
         default_status=DefaultSensorStatus.RUNNING,
         description="Plans tables whose snapshot changed, records their fragmentation as observations, and "
@@ -317,6 +317,10 @@ def evaluate_fragmentation(
             if skipped[d.reason] <= SKIPS_LOGGED:
                 context.log.info(f"skip {_where(d)}: {d.reason}")
     run_requests = [_run_request(b, context.log) for b in batches]
+    if rewrites := [b.table_name for b in batches if b.members[0].partition_key == MANIFESTS_KEY]:
+        maintained = set(context.instance.get_dynamic_partitions(MAINTENANCE_PARTITIONS.name))
+        for name in rewrites:
+            partition_requests.extend(maintenance_partition_request(maintained, name))
     for reason, count in skipped.items():
         if count > SKIPS_LOGGED:
             context.log.info(f"skip {count - SKIPS_LOGGED} more partition(s), lower in priority: {reason}")
@@ -341,11 +345,12 @@ def _run_request(batch: Batch, log: logging.Logger) -> RunRequest:
     first = batch.members[0]
     tags = {QUEUE_TAG: batch.queue, TABLE_TAG: batch.table_name, PRIORITY_TAG: str(batch.priority)}
     where = f"(queue {batch.queue}, priority {batch.priority})"
-    if first.partition_key == MANIFESTS_KEY:  # the table's maintenance asset, see defs/gc_assets.py
+    if first.partition_key == MANIFESTS_KEY:  # the table's maintenance partition, see defs/gc_assets.py
         log.info(f"request {batch.table_name} rewrite-manifests {where}: benefit {first.benefit:.2f}")
         return RunRequest(
             run_key=f"{batch.table_name}|{MANIFESTS_KEY}|{first.snapshot_id}",
-            asset_selection=[gc_key(batch.table_name)],
+            asset_selection=[MAINTENANCE_KEY],
+            partition_key=batch.table_name,
             tags={**tags, MAINTENANCE_TAG: str(Kind.REWRITE_MANIFESTS)},
         )
     if len(batch.members) == 1:
