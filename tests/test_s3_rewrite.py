@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 import time
 from urllib.parse import urlparse
@@ -19,7 +20,13 @@ from pyiceberg.types import LongType, NestedField, StringType
 
 from compaction_assets.engine import Engine
 from compaction_assets.execution import source_reader
-from compaction_assets.execution.polars_storage import s3_storage_options, storage_for
+from compaction_assets.execution.polars_storage import (
+    FOOTER_READ_VARIABLE,
+    MIN_FOOTER_READ,
+    footer_reads,
+    s3_storage_options,
+    storage_for,
+)
 from compaction_assets.execution.source_reader import SourceReader
 from compaction_assets.execution.worker import RewriteJob, RollingWriter, rewrite_group
 from compaction_assets.lake.appends import append_fragments
@@ -116,6 +123,37 @@ def test_storage_options_come_from_the_fileio_properties():
     assert s3_storage_options({}) == {}  # object_store's own chain: environment, instance role
     for key in ("s3.role-arn", "s3.signer.uri", "s3.server-side-encryption", "s3.proxy-uri", "client.role-arn"):
         assert s3_storage_options({**props, key: "x"}) is None, key
+
+
+def test_polars_tail_reads_follow_the_footers_and_read_larger_ones_whole(s3_server, monkeypatch):
+    """The tail Polars reads is sized from a source's footer (the environment's own setting wins,
+    and is restored after); a footer larger than the tail (600 columns, 142 KB) is still read whole."""
+    monkeypatch.delenv(FOOTER_READ_VARIABLE, raising=False)
+    with footer_reads(1_000):
+        assert os.environ[FOOTER_READ_VARIABLE] == str(MIN_FOOTER_READ)
+    with footer_reads(100_000):
+        assert os.environ[FOOTER_READ_VARIABLE] == "200016"
+    assert FOOTER_READ_VARIABLE not in os.environ
+    monkeypatch.setenv(FOOTER_READ_VARIABLE, "1048576")
+    with footer_reads(1_000):
+        assert os.environ[FOOTER_READ_VARIABLE] == "1048576"
+    assert os.environ[FOOTER_READ_VARIABLE] == "1048576"
+    monkeypatch.delenv(FOOTER_READ_VARIABLE)
+
+    import polars as pl
+
+    wide = pa.table({f"column_number_{i:04d}": pa.array(range(i, i + 100), pa.int64()) for i in range(600)})
+    sink = pa.BufferOutputStream()
+    pq.write_table(wide, sink)
+    body = sink.getvalue().to_pybytes()
+    assert pq.read_metadata(pa.BufferReader(body)).serialized_size > MIN_FOOTER_READ
+    keys = [f"wide-footer/{k}.parquet" for k in range(2)]
+    for key in keys:
+        s3_server.client().put_object(Bucket=s3_server.bucket, Key=key, Body=body)
+    options = s3_storage_options(s3_server.catalog_properties("sqlite://"))
+    with footer_reads(0):
+        frame = pl.scan_parquet([f"s3://{s3_server.bucket}/{k}" for k in keys], storage_options=options).collect()
+    assert frame.to_arrow().cast(wide.schema).equals(pa.concat_tables([wide, wide]))
 
 
 def test_polars_reaches_s3_schemes_only_for_whole_groups():

@@ -39,6 +39,10 @@ from compaction_assets.local_s3 import LocalS3
 
 S3 = Dataset("s3", datasets.SMALL.files, datasets.SMALL.rows_per_file)
 SOURCE_PREFIX = "source"
+# pyarrow's S3 client gives up on a request that moves no byte for 3 s: a range read of a 96 MB
+# result makes moto read all of it from its temporary file, which took longer than that under a
+# load average of 18 and failed the bench's row checks. Set on every pyarrow client of the bench.
+REQUEST_TIMEOUT_S = 60.0
 
 
 def filesystem(s3: LocalS3) -> pafs.S3FileSystem:
@@ -50,6 +54,7 @@ def filesystem(s3: LocalS3) -> pafs.S3FileSystem:
         region=s3.region,
         endpoint_override=address,
         scheme=scheme,
+        request_timeout=REQUEST_TIMEOUT_S,
     )
 
 
@@ -68,7 +73,13 @@ def delta_storage_options(s3: LocalS3) -> dict[str, str]:
 def s3_engine(root: Path, s3: LocalS3, spark) -> Engine:  # noqa: ANN001 - a SparkSession
     """An engine on a catalog whose warehouse is in the bucket, running on the bench's session."""
     doc = {
-        "catalog": {"name": "bench_s3", "properties": s3.catalog_properties("sqlite:///s3-catalog.db")},
+        "catalog": {
+            "name": "bench_s3",
+            "properties": {
+                **s3.catalog_properties("sqlite:///s3-catalog.db"),
+                "s3.request-timeout": str(REQUEST_TIMEOUT_S),
+            },
+        },
         "state": {"uri": "sqlite:///s3-state.db"},
         "spark": {"mode": "local", "master": "local[2]"},
         "tables": [{"match": "*", "policy": {"target_file_size_bytes": 128 * 1024 * 1024}}],

@@ -202,7 +202,7 @@ def rewrite_with_polars(
             if storage.local:  # a partition's first file: Polars makes no local folders
                 os.makedirs(os.path.dirname(output), exist_ok=True)
             frame.sink_parquet(output, storage_options=storage.options, **options)
-            footer = _footer(io, storage, location)
+            footer, size = _footer(io, storage, location)
             if footer.num_rows != sum(s.records for s in chunk):
                 raise ValueError(f"{location}: {footer.num_rows} rows, sources say {sum(s.records for s in chunk)}")
             stats = data_file_statistics_from_parquet_metadata(footer, stats_plan, id_mapping)
@@ -211,7 +211,7 @@ def rewrite_with_polars(
                 file_path=location,
                 file_format=FileFormat.PARQUET,
                 partition=partition,
-                file_size_in_bytes=io.new_input(location).__len__(),
+                file_size_in_bytes=size,
                 sort_order_id=None,
                 equality_ids=None,
                 key_metadata=None,
@@ -254,12 +254,14 @@ def decoded_row_bytes(footer: pq.FileMetaData) -> float:
     return sum(footer.row_group(k).total_byte_size for k in range(footer.num_row_groups)) / rows if rows else 0.0
 
 
-def _footer(io: FileIO, storage: PolarsStorage, location: str) -> pq.FileMetaData:
-    """A written file's footer: from the disk, or through the FileIO."""
+def _footer(io: FileIO, storage: PolarsStorage, location: str) -> tuple[pq.FileMetaData, int]:
+    """A written file's footer and size: from the disk, or through the FileIO (the size its
+    open learnt: on object storage, one request fewer than asking for the length again)."""
     if storage.local:
-        return pq.read_metadata(storage.path(location))
+        path = storage.path(location)
+        return pq.read_metadata(path), os.path.getsize(path)
     with io.new_input(location).open() as stream:
-        return pq.read_metadata(stream)
+        return pq.read_metadata(stream), stream.seek(0, os.SEEK_END)
 
 
 def _split(sources: list, parts: int) -> list[list]:

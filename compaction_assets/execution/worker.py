@@ -43,6 +43,7 @@ from compaction_assets.execution import polars_rewrite
 from compaction_assets.execution.deletes import GroupDeletes
 from compaction_assets.execution.external_sort import ExternalSort, SortSpec
 from compaction_assets.execution.partitioning import partition_folder, split_by_partition
+from compaction_assets.execution.polars_storage import footer_reads
 from compaction_assets.execution.source_reader import SourceReader
 from compaction_assets.faults import crash_point
 from compaction_assets.lake.datafile_codec import datafile_from_json, datafile_to_json, decode_partition
@@ -325,18 +326,19 @@ def _rewrite_with_polars(
     polars_target = polars_rewrite.polars_schema(target) if target is not None else None
     if polars_target is None:
         return None
-    return polars_rewrite.rewrite_with_polars(
-        io,
-        metadata,
-        writer.file_schema,
-        polars_target,
-        spec.sources,
-        partition,
-        spec.spec_id,
-        writer.name,
-        spec.max_files,
-        polars_rewrite.decoded_row_bytes(footer),
-    )
+    with footer_reads(footer.serialized_size):  # the group's other files have footers like its first's
+        return polars_rewrite.rewrite_with_polars(
+            io,
+            metadata,
+            writer.file_schema,
+            polars_target,
+            spec.sources,
+            partition,
+            spec.spec_id,
+            writer.name,
+            spec.max_files,
+            polars_rewrite.decoded_row_bytes(footer),
+        )
 
 
 def _reset_peak_rss() -> None:
