@@ -28,6 +28,7 @@ fails the group (DeleteFileError) before anything is read.
 from __future__ import annotations
 
 import bisect
+import functools
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -92,8 +93,13 @@ class GroupDeletes:
             if not spec.equality_ids:
                 raise DeleteFileError(f"equality delete file {spec.path} has no equality_ids")
         self._fields = top_level
-        # converted batches are in the output file schema: the sanitised names of the current schema
-        self._names = {f.field_id: f.name for f in sanitize_column_names(schema).fields}
+        self._schema = schema
+
+    @functools.cached_property
+    def _names(self) -> dict[int, str]:
+        """Column names by field id: converted batches are in the output file schema, the sanitised
+        names of the current schema (worked out on first use: most groups have no equality deletes)."""
+        return {f.field_id: f.name for f in sanitize_column_names(self._schema).fields}
 
     def apply(self, source, start: int, batch: pa.RecordBatch) -> pa.RecordBatch:  # noqa: ANN001 - SourceFile
         """`batch` (rows `start`.. of `source`, in the output schema) without its deleted rows."""

@@ -29,12 +29,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import (
     PyArrowFileIO,
+    StatisticsCollector,
     compute_statistics_plan,
     data_file_statistics_from_parquet_metadata,
     parquet_path_to_id_mapping,
@@ -135,10 +137,22 @@ def qualifies(metadata: TableMetadata, io: FileIO, sources: list, sorted_output:
     )
 
 
+@dataclass(frozen=True)
+class Statistics:
+    """pyiceberg's statistics plan and Parquet-path-to-field-id mapping for a file schema."""
+
+    plan: dict[int, StatisticsCollector]
+    id_mapping: dict[str, int]
+
+
+def statistics_for(file_schema: Schema, properties: dict[str, str]) -> Statistics:
+    return Statistics(compute_statistics_plan(file_schema, properties), parquet_path_to_id_mapping(file_schema))
+
+
 def rewrite_with_polars(
     io: FileIO,
     metadata: TableMetadata,
-    file_schema: Schema,
+    statistics: Statistics,
     target: pa.Schema,
     sources: list,
     partition: Record,
@@ -167,8 +181,6 @@ def rewrite_with_polars(
         "statistics": True,
         "arrow_schema": target,
     }
-    stats_plan = compute_statistics_plan(file_schema, props)
-    id_mapping = parquet_path_to_id_mapping(file_schema)
     storage = storage_for(io, [s.path for s in sources])
     if storage is None:
         return None
@@ -205,7 +217,7 @@ def rewrite_with_polars(
             footer, size = _footer(io, storage, location)
             if footer.num_rows != sum(s.records for s in chunk):
                 raise ValueError(f"{location}: {footer.num_rows} rows, sources say {sum(s.records for s in chunk)}")
-            stats = data_file_statistics_from_parquet_metadata(footer, stats_plan, id_mapping)
+            stats = data_file_statistics_from_parquet_metadata(footer, statistics.plan, statistics.id_mapping)
             data_file = DataFile.from_args(
                 content=DataFileContent.DATA,
                 file_path=location,

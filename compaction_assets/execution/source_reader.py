@@ -69,6 +69,7 @@ class SourceReader:
         spec_id: int,
         convert: Callable[[pa.RecordBatch], pa.RecordBatch],
         deletes: GroupDeletes | None = None,
+        targets: dict[str, pa.Schema | None] | None = None,
     ) -> None:
         self._metadata = metadata
         self._io = io
@@ -80,7 +81,9 @@ class SourceReader:
         self.rows_read = 0  # rows decoded, deleted ones included
         self._schema = metadata.schema()
         self._downcast = metadata.format_version <= 2
-        self._targets: dict[str, pa.Schema | None] = {}  # by physical schema, field ids included
+        # relabel targets by physical schema, field ids included; `targets` shares them between the
+        # readers of groups of one table version (same schema, name mapping and conversion)
+        self._targets: dict[str, pa.Schema | None] = {} if targets is None else targets
         self.bulk_paths: list[str] = []
         self.projected_paths: list[str] = []
 
@@ -123,9 +126,7 @@ class SourceReader:
             if fragment.metadata.num_rows != source.records:
                 raise _count_mismatch(source.path, fragment.metadata.num_rows, source.records)
             key = _schema_key(fragment.physical_schema)
-            if key not in self._targets:
-                self._targets[key] = self.relabel_target(fragment.physical_schema)
-            target = self._targets[key]
+            target = self.target_for(fragment.physical_schema, key)
             if target is None:
                 projected.append(source)
                 self.projected_paths.append(source.path)
@@ -137,6 +138,13 @@ class SourceReader:
     def _locate(self, path: str) -> tuple[str, pa.fs.FileSystem]:
         scheme, netloc, local = PyArrowFileIO.parse_location(path, self._io.properties)
         return local, self._io.fs_by_scheme(scheme, netloc)
+
+    def target_for(self, physical: pa.Schema, key: str | None = None) -> pa.Schema | None:
+        """`relabel_target(physical)`, computed once per physical schema (`key`: its _schema_key)."""
+        key = _schema_key(physical) if key is None else key
+        if key not in self._targets:
+            self._targets[key] = self.relabel_target(physical)
+        return self._targets[key]
 
     def relabel_target(self, physical: pa.Schema) -> pa.Schema | None:
         """The output schema for files of `physical`, if converting them is only a relabel:
