@@ -26,7 +26,9 @@ def collect_rows(spark: SparkSession, count: int, rows: TaskRows, schema: pa.Sch
     particular order. `rows` must be picklable (a module-level function, or a partial of one);
     `schema` is the rows' Arrow schema (Spark Connect's result schema)."""
     if (context := classic_context(spark)) is not None:
-        return context.parallelize(range(count), count).mapPartitions(rows).collect()
+        # a list, not a range: pyspark turns a range into a chain of RDDs whose job never finds an
+        # idle Python worker (each one forked a new worker, which imports Polars and pyiceberg again)
+        return context.parallelize(list(range(count)), count).mapPartitions(rows).collect()
     worker = functools.partial(arrow_batches, rows, schema)
     return [r.asDict() for r in spark.range(0, count, 1, count).mapInArrow(worker, _ddl(schema)).collect()]
 
