@@ -2,9 +2,10 @@
 
 On a local (classic) session the job is an RDD `mapPartitions` whose results come back pickled: no
 DataFrame to analyse, plan and code-generate, no Arrow UDF to register. On the bench's loaded
-2 cores a job that does nothing took a median 0.22 s that way and 0.42-0.55 s as
-`range` + `mapInArrow` (20 interleaved runs each). Spark Connect has no RDDs: there the job is
-`range` + `mapInArrow`, the only way to run Python there, each result row one Arrow record batch.
+2 cores a job that does nothing took 0.14-0.16 s that way and 0.34-0.45 s as `range` +
+`mapInArrow` (4 interleaved runs each, one warm Python worker reused by both). Spark Connect
+has no RDDs: there the job is `range` + `mapInArrow`, the only way to run Python there, each
+result row one Arrow record batch.
 The task function is the same either way: it takes the task indices of its partition and yields
 one dict per result row.
 """
