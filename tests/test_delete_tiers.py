@@ -6,6 +6,7 @@ test-only swap, and the table read before and after by the spec reader and DuckD
 from __future__ import annotations
 
 from collections import Counter
+from functools import partial
 from pathlib import Path
 
 import pyarrow as pa
@@ -25,6 +26,7 @@ from pyiceberg.types import IntegerType, LongType, NestedField, StringType
 from compaction_assets.errors import InputFileError
 from compaction_assets.execution import delete_tiers
 from compaction_assets.execution.delete_tiers import (
+    TIER_RESULT_ARROW_SCHEMA,
     Tier,
     TierJob,
     TierOutcome,
@@ -32,9 +34,10 @@ from compaction_assets.execution.delete_tiers import (
     convert_equality_deletes,
     outcome_from_row,
     rewrite_position_deletes,
-    run_tier_batches,
+    run_tier_rows,
     run_tiers,
 )
+from compaction_assets.execution.dispatch import arrow_batches
 from compaction_assets.lake import delete_files
 from compaction_assets.lake.deletes import referenced_data_file
 from compaction_assets.lake.files import LiveFile, live_files
@@ -415,11 +418,15 @@ def two_tier_table(table: Table) -> None:
     )
 
 
-def test_map_in_arrow_entry_point_runs_each_job_and_reports_a_row(table):
+def test_task_function_runs_each_job_and_reports_a_row_also_through_map_in_arrow(table):
     two_tier_table(table)
     run = tier_run(table)
     assert TierRun.from_json(run.to_json()) == run
-    batches = run_tier_batches(run.to_json(), iter([pa.record_batch([pa.array([1, 0], pa.int64())], names=["id"])]))
+    batches = arrow_batches(
+        partial(run_tier_rows, run.to_json()),
+        TIER_RESULT_ARROW_SCHEMA,
+        iter([pa.record_batch([pa.array([1, 0], pa.int64())], names=["id"])]),
+    )
     outcomes = sorted((outcome_from_row(r) for b in batches for r in b.to_pylist()), key=lambda o: o.job)
     assert [o.tier for o in outcomes] == [Tier.CONVERT_EQUALITY_DELETES, Tier.REWRITE_POSITION_DELETES]
     assert [o.error for o in outcomes] == [None, None]
@@ -432,15 +439,11 @@ def test_map_in_arrow_entry_point_runs_each_job_and_reports_a_row(table):
     assert multiset(spec_rows(table)) == before == multiset(duckdb_rows(table))
 
 
-def test_map_in_arrow_entry_point_reports_a_failure_as_data(table):
+def test_task_function_reports_a_failure_as_data(table):
     two_tier_table(table)
     run = tier_run(table)
     Path(run.jobs[0].data_files[0].path.removeprefix("file://")).unlink()
-    [row] = [
-        r
-        for b in run_tier_batches(run.to_json(), iter([pa.record_batch([pa.array([0])], names=["id"])]))
-        for r in b.to_pylist()
-    ]
+    [row] = run_tier_rows(run.to_json(), [0])
     outcome = outcome_from_row(row)
     assert outcome.delete_files == [] and run.jobs[0].data_files[0].path in outcome.error
 

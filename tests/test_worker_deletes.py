@@ -54,7 +54,7 @@ from compaction_assets.execution.worker import (
     SourceFile,
     outcome_from_row,
     rewrite_group,
-    rewrite_partition_batches,
+    rewrite_tasks,
 )
 from compaction_assets.lake.files import live_files
 from tests.lakekit.deletes import commit_delete_files, equality_delete_file, position_delete_file
@@ -287,10 +287,10 @@ def test_the_result_row_carries_rows_deleted(catalog: SqlCatalog) -> None:
     commit_delete_files(table, [position_delete_file(table, _data_files(table)[1], [2, 3, 4])])
     job = build_job(catalog.load_table("ns.t"))
 
-    [batch] = rewrite_partition_batches(job.to_json(), iter([pa.record_batch({"id": pa.array([0], pa.int64())})]))
+    [row] = rewrite_tasks(job.to_json(), [0])
 
-    assert batch.schema == worker._RESULT_ARROW_SCHEMA
-    outcome = outcome_from_row(batch.to_pylist()[0])
+    assert list(row) == worker.RESULT_ARROW_SCHEMA.names
+    outcome = outcome_from_row(row)
     assert (outcome.rows_read, outcome.rows_deleted, outcome.error) == (40, 3, None)
 
 

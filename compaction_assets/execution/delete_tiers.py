@@ -18,7 +18,7 @@ sorted by file_path then pos, with exact file_path bounds: a file naming one dat
 it (equal bounds, as Java's writer records them).
 
 Both are pure functions of table metadata, a FileIO and file lists, so they run in a Spark Python
-worker (`run_tier_batches`, a mapInArrow entry point like worker.rewrite_partition_batches) or
+worker (`run_tier_rows`, a Spark task function like worker.rewrite_tasks: execution/dispatch) or
 in-process. Output files go to the job's output folder, named after its file prefix (the attempt
 id), so recovery sweeps them like rewrite results; the commit gives them a new data sequence number,
 which is >= every data file they name. Key sets are built once per job (a hash join per chunk of
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
@@ -46,6 +46,7 @@ from pyiceberg.table.metadata import TableMetadata, TableMetadataUtil
 from pyiceberg.typedef import Record
 
 from compaction_assets.errors import InputFileError, worker_error
+from compaction_assets.execution.dispatch import collect_rows
 from compaction_assets.execution.source_reader import projected_batches
 from compaction_assets.execution.worker import _reset_peak_rss, peak_rss
 from compaction_assets.lake.datafile_codec import (
@@ -445,11 +446,7 @@ def run_tier_job(run: TierRun, index: int) -> TierOutcome:
     return outcome
 
 
-TIER_RESULT_SCHEMA = (
-    "job INT, tier STRING, delete_files STRING, covered_data_files STRING, rows_read BIGINT, rows_written BIGINT,"
-    " rows_dropped BIGINT, bytes_read BIGINT, peak_rss BIGINT, error STRING"
-)
-_RESULT_ARROW_SCHEMA = pa.schema(
+TIER_RESULT_ARROW_SCHEMA = pa.schema(
     [
         ("job", pa.int32()),
         ("tier", pa.string()),
@@ -465,19 +462,17 @@ _RESULT_ARROW_SCHEMA = pa.schema(
 )
 
 
-def run_tier_batches(run_json: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """mapInArrow entry point: each input row is a job index; one output row per job."""
+def run_tier_rows(run_json: str, indices: Iterable[int]) -> Iterator[dict]:
+    """The Spark task function (execution/dispatch): one result row (TIER_RESULT_ARROW_SCHEMA) per job index."""
     run = TierRun.from_json(run_json)
-    for batch in batches:
-        for index in batch.column(0).to_pylist():
-            outcome = run_tier_job(run, index)
-            row = {
-                **vars(outcome),
-                "tier": str(outcome.tier),
-                "delete_files": json.dumps([datafile_to_json(f) for f in outcome.delete_files]),
-                "covered_data_files": json.dumps(outcome.covered_data_files),
-            }
-            yield pa.RecordBatch.from_pylist([row], schema=_RESULT_ARROW_SCHEMA)
+    for index in indices:
+        outcome = run_tier_job(run, index)
+        yield {
+            **vars(outcome),
+            "tier": str(outcome.tier),
+            "delete_files": json.dumps([datafile_to_json(f) for f in outcome.delete_files]),
+            "covered_data_files": json.dumps(outcome.covered_data_files),
+        }
 
 
 def outcome_from_row(row: dict) -> TierOutcome:
@@ -494,7 +489,5 @@ def run_tiers(spark: SparkSession, run: TierRun) -> list[TierOutcome]:
     """Run every job of `run` on Spark, one task each; outcomes come back in job order."""
     if not run.jobs:
         return []
-    count = len(run.jobs)
-    worker = functools.partial(run_tier_batches, run.to_json())
-    rows = spark.range(0, count, 1, count).mapInArrow(worker, TIER_RESULT_SCHEMA).collect()
-    return sorted((outcome_from_row(r.asDict()) for r in rows), key=lambda o: o.job)
+    rows = collect_rows(spark, len(run.jobs), functools.partial(run_tier_rows, run.to_json()), TIER_RESULT_ARROW_SCHEMA)
+    return sorted((outcome_from_row(r) for r in rows), key=lambda o: o.job)

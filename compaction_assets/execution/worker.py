@@ -25,7 +25,7 @@ import contextlib
 import functools
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -55,10 +55,6 @@ MiB = 1024 * 1024
 MAX_BUFFER_BYTES = 32 * MiB  # Arrow bytes buffered before a row group is written
 MIN_BUFFER_BYTES = 64 * 1024  # ... and at least these (tiny targets: tests, demos)
 ROW_GROUPS_PER_TARGET = 4  # a file rolls after a row group: a quarter of the target in Arrow bytes keeps it near
-RESULT_SCHEMA = (
-    "group INT, data_files STRING, error STRING, rows_read BIGINT, bytes_read BIGINT, peak_rss BIGINT, engine STRING, "
-    "rows_deleted BIGINT, seconds DOUBLE, rows_expired BIGINT, spill_files INT"
-)
 
 
 @dataclass(frozen=True)
@@ -163,36 +159,29 @@ class GroupOutcome:
     spill_files: int = 0  # runs a sorted group spilled to local disk (0: sorted in memory, or unsorted)
 
 
-def rewrite_partition_batches(job_json: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """mapInArrow entry point: each input row is a task index; its groups are rewritten one after
-    the other, one output row per group."""
+def rewrite_tasks(job_json: str, tasks: Iterable[int]) -> Iterator[dict]:
+    """The Spark task function (execution/dispatch): the groups of each task index are rewritten one
+    after the other, one result row (RESULT_ARROW_SCHEMA) per group."""
     job = RewriteJob.from_json(job_json)
-    for batch in batches:
-        for index in (g for task in batch.column(0).to_pylist() for g in job.tasks[task]):
-            started = time.perf_counter()
-            outcome = rewrite_group(job, index)
-            seconds = time.perf_counter() - started
-            yield pa.RecordBatch.from_pylist(
-                [
-                    {
-                        "group": index,
-                        "data_files": json.dumps([datafile_to_json(f) for f in outcome.data_files]),
-                        "error": outcome.error,
-                        "rows_read": outcome.rows_read,
-                        "bytes_read": outcome.bytes_read,
-                        "peak_rss": outcome.peak_rss,
-                        "engine": outcome.engine,
-                        "rows_deleted": outcome.rows_deleted,
-                        "seconds": seconds,
-                        "rows_expired": outcome.rows_expired,
-                        "spill_files": outcome.spill_files,
-                    }
-                ],
-                schema=_RESULT_ARROW_SCHEMA,
-            )
+    for index in (g for task in tasks for g in job.tasks[task]):
+        started = time.perf_counter()
+        outcome = rewrite_group(job, index)
+        yield {
+            "group": index,
+            "data_files": json.dumps([datafile_to_json(f) for f in outcome.data_files]),
+            "error": outcome.error,
+            "rows_read": outcome.rows_read,
+            "bytes_read": outcome.bytes_read,
+            "peak_rss": outcome.peak_rss,
+            "engine": outcome.engine,
+            "rows_deleted": outcome.rows_deleted,
+            "seconds": time.perf_counter() - started,
+            "rows_expired": outcome.rows_expired,
+            "spill_files": outcome.spill_files,
+        }
 
 
-_RESULT_ARROW_SCHEMA = pa.schema(
+RESULT_ARROW_SCHEMA = pa.schema(
     [
         ("group", pa.int32()),
         ("data_files", pa.string()),

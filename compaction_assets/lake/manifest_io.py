@@ -19,9 +19,11 @@ from __future__ import annotations
 import io
 import json
 import os
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
+from pyiceberg.avro.codecs.deflate import DeflateCodec
 from pyiceberg.avro.decoder import new_decoder
 from pyiceberg.avro.encoder import BinaryEncoder
 from pyiceberg.avro.file import MAGIC, META_SCHEMA, SYNC_SIZE, AvroFile, AvroFileHeader
@@ -138,7 +140,9 @@ def write_restated(
     def flush() -> None:
         nonlocal in_block
         content = block.getvalue()
-        if codec:
+        if codec is DeflateCodec:
+            content = _deflate_fast(content)
+        elif codec:
             content, _ = codec.compress(content)
         encoder.write_int(in_block)
         encoder.write_bytes(content)
@@ -185,6 +189,14 @@ def write_restated(
         partitions=construct_partition_summaries(spec, schema, partitions),
         key_metadata=None,
     )
+
+
+def _deflate_fast(data: bytes) -> bytes:
+    """A raw deflate stream (the Avro `deflate` codec) at level 1: pyiceberg's codec compresses at
+    zlib's default level 6, which took 0.024 s of CPU for a 5,000-entry manifest (1.55 MB) against
+    0.009 s at level 1, for a file 11 % larger (430 KB vs 388 KB); readers decompress both alike."""
+    compressor = zlib.compressobj(1, zlib.DEFLATED, -15)
+    return compressor.compress(data) + compressor.flush()
 
 
 def partition_schema(metadata: TableMetadata, spec_id: int) -> Schema:
