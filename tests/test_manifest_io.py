@@ -100,13 +100,13 @@ def test_restated_manifest_is_what_pyiceberg_writes(tmp_path, status):
     assert {doc[0] for doc in read_back} == {status}
 
 
-def test_restating_refuses_manifests_of_different_headers(tmp_path):
+def test_restating_refuses_manifests_of_different_entry_layouts(tmp_path):
     v2 = make_table(tmp_path, "2")
     table = v2.catalog.create_table("ns.u", SCHEMA)  # unpartitioned: another Avro schema
     table.append(batch(0, 10, "eu"))
     a = read_manifest(v2.current_snapshot().manifests(v2.io)[0], v2.io)
     b = read_manifest(table.current_snapshot().manifests(table.io)[0], table.io)
-    with pytest.raises(ValueError, match="one header"):
+    with pytest.raises(ValueError, match="one entry layout"):
         write_restated(
             v2.io.new_output(f"{tmp_path}/x.avro"),
             [(a, [0]), (b, [0])],
