@@ -161,6 +161,10 @@ class Engine:
         self._spark_factory = spark or (lambda: spark_session(config.spark))
         self._clock = clock or (lambda: time.time_ns() // 1_000_000)
 
+    def spark_session(self) -> SparkSession:
+        """The Spark session compactions run on."""
+        return self._spark_factory()
+
     def policy(self, table: Table, table_name: str) -> Policy:
         rule = self.config.rule_for(table_name)
         if rule is None:

@@ -145,6 +145,7 @@ def compare_cdc(
 
 
 def _ours(engine: Engine, name: str, expected: RowsDigest, bytes_in: int) -> contenders.Result:
+    contenders.warm_workers(engine.spark_session())
     started = time.perf_counter()
     outcomes = engine.compact(name)
     seconds = time.perf_counter() - started
