@@ -86,11 +86,12 @@ def warm_workers(spark: SparkSession) -> None:
         context.parallelize(list(range(cores)), cores).mapPartitions(_import_rewrite_modules).collect()
 
 
-def _import_rewrite_modules(_: Iterable[int]) -> Iterable[int]:
+def _import_rewrite_modules(tasks: Iterable[int]) -> Iterable[int]:
     import polars  # noqa: F401
 
     import compaction_assets.execution.worker  # noqa: F401
 
+    list(tasks)  # Spark hands a worker back for reuse only if its task read all of its input
     time.sleep(0.3)
     return [os.getpid()]
 
