@@ -40,7 +40,7 @@ from pyiceberg.table.metadata import TableMetadata, TableMetadataUtil
 from pyiceberg.typedef import Record
 
 from compaction_assets.errors import InputFileError, worker_error
-from compaction_assets.execution import polars_rewrite
+from compaction_assets.execution import durable, polars_rewrite
 from compaction_assets.execution.deletes import GroupDeletes
 from compaction_assets.execution.external_sort import ExternalSort, SortSpec
 from compaction_assets.execution.partitioning import partition_folder, split_by_partition
@@ -163,9 +163,11 @@ def rewrite_tasks(job_json: str, tasks: Iterable[int]) -> Iterator[dict]:
     """The Spark task function (execution/dispatch): the groups of each task index are rewritten one
     after the other, one result row (RESULT_ARROW_SCHEMA) per group."""
     job = RewriteJob.from_json(job_json)
+    durable.forget()
     for index in (g for task in tasks for g in job.tasks[task]):
         started = time.perf_counter()
         outcome = rewrite_group(job, index)
+        durable.submit([f.file_path for f in outcome.data_files])
         yield {
             "group": index,
             "data_files": json.dumps([datafile_to_json(f) for f in outcome.data_files]),
@@ -179,6 +181,7 @@ def rewrite_tasks(job_json: str, tasks: Iterable[int]) -> Iterator[dict]:
             "rows_expired": outcome.rows_expired,
             "spill_files": outcome.spill_files,
         }
+    durable.wait()  # the task ends, and the driver commits, only once its files are on disk
 
 
 RESULT_ARROW_SCHEMA = pa.schema(
