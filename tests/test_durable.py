@@ -16,7 +16,7 @@ def test_local_locations_are_synced_and_remote_ones_left_alone(tmp_path: Path) -
     for f in files:
         f.write_bytes(b"PAR1" * 1000)
     durable.forget()
-    durable.submit([f"file://{files[0].as_posix().replace(' ', '%20')}", str(files[1]), f"file:{files[2]}"])
+    durable.submit([f"file://{files[0]}", str(files[1]), f"file:{files[2]}"])
     durable.submit(["s3://bucket/key.parquet", "gs://bucket/key.parquet"])
     assert len(durable._pending) == 3  # noqa: SLF001
     durable.wait()

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
-from urllib.parse import unquote, urlparse
+
+from compaction_assets.execution.polars_storage import local_path
 
 _pool: ThreadPoolExecutor | None = None
 _pending: list[Future] = []
@@ -27,7 +28,7 @@ def submit(locations: list[str]) -> None:
     """Start syncing the local files among `locations` (URIs or paths); others are left alone."""
     global _pool
     for location in locations:
-        path = local_path(location)
+        path = local_path(None, location)  # as pyiceberg's PyArrowFileIO wrote it
         if path is None:
             continue
         if _pool is None:
@@ -52,14 +53,6 @@ def wait() -> None:
         future.result()
     for folder in {*folders, *(os.path.dirname(f) for f in folders)}:
         _sync_folder(folder)
-
-
-def local_path(location: str) -> str | None:
-    if location.startswith("/"):
-        return location
-    if location.startswith("file:"):
-        return unquote(urlparse(location).path)
-    return None
 
 
 def _sync_file(path: str) -> None:
