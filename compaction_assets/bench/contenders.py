@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import multiprocessing
-import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -93,7 +92,7 @@ def _import_rewrite_modules(tasks: Iterable[int]) -> Iterable[int]:
 
     list(tasks)  # Spark hands a worker back for reuse only if its task read all of its input
     time.sleep(0.3)
-    return [os.getpid()]
+    return []
 
 
 def engines(outcomes: list) -> str:

@@ -466,17 +466,16 @@ TIER_RESULT_ARROW_SCHEMA = pa.schema(
 def run_tier_rows(run_json: str, indices: Iterable[int]) -> Iterator[dict]:
     """The Spark task function (execution/dispatch): one result row (TIER_RESULT_ARROW_SCHEMA) per job index."""
     run = TierRun.from_json(run_json)
-    durable.forget()
-    for index in indices:
-        outcome = run_tier_job(run, index)
-        durable.submit([f.file_path for f in outcome.delete_files])
-        yield {
-            **vars(outcome),
-            "tier": str(outcome.tier),
-            "delete_files": json.dumps([datafile_to_json(f) for f in outcome.delete_files]),
-            "covered_data_files": json.dumps(outcome.covered_data_files),
-        }
-    durable.wait()  # see execution/durable
+    with durable.TaskOutputs() as outputs:  # the driver commits only once they are on disk
+        for index in indices:
+            outcome = run_tier_job(run, index)
+            outputs.add([f.file_path for f in outcome.delete_files])
+            yield {
+                **vars(outcome),
+                "tier": str(outcome.tier),
+                "delete_files": json.dumps([datafile_to_json(f) for f in outcome.delete_files]),
+                "covered_data_files": json.dumps(outcome.covered_data_files),
+            }
 
 
 def outcome_from_row(row: dict) -> TierOutcome:

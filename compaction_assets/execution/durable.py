@@ -19,40 +19,45 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from compaction_assets.execution.polars_storage import local_path
 
-_pool: ThreadPoolExecutor | None = None
-_pending: list[Future] = []
-_folders: set[str] = set()
+_pool: ThreadPoolExecutor | None = None  # one thread per worker process, made on first use
 
 
-def submit(locations: list[str]) -> None:
-    """Start syncing the local files among `locations` (URIs or paths); others are left alone."""
-    global _pool
-    for location in locations:
-        path = local_path(None, location)  # as pyiceberg's PyArrowFileIO wrote it
-        if path is None:
-            continue
-        if _pool is None:
-            _pool = ThreadPoolExecutor(1, thread_name_prefix="compaction-fsync")
-        _pending.append(_pool.submit(_sync_file, path))
-        _folders.add(os.path.dirname(path))
+class TaskOutputs:
+    """The local files one task wrote, syncing since `add`. Used around a task's loop: a clean
+    exit waits for them all; an error (or an abandoned task) does not, its files are not committed."""
 
+    def __init__(self) -> None:
+        self._pending: list[Future] = []
+        self._folders: set[str] = set()
 
-def forget() -> None:
-    """Drop what an earlier task left (it failed before its `wait`: its files are not committed)."""
-    _pending.clear()
-    _folders.clear()
+    def __enter__(self) -> TaskOutputs:
+        return self
 
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        if kind is None:
+            self.wait()
 
-def wait() -> None:
-    """Block until every submitted file, its folder and that folder's parent (a new partition's
-    entry) are on disk; an I/O error is raised, failing the task rather than the data."""
-    pending, folders = list(_pending), sorted(_folders)
-    _pending.clear()
-    _folders.clear()
-    for future in pending:
-        future.result()
-    for folder in {*folders, *(os.path.dirname(f) for f in folders)}:
-        _sync_folder(folder)
+    def add(self, locations: list[str]) -> None:
+        """Start syncing the local files among `locations` (URIs or paths); others are left alone."""
+        global _pool
+        for location in locations:
+            path = local_path(None, location)  # as pyiceberg's PyArrowFileIO wrote it
+            if path is None:
+                continue
+            if _pool is None:
+                _pool = ThreadPoolExecutor(1, thread_name_prefix="compaction-fsync")
+            self._pending.append(_pool.submit(_sync_file, path))
+            self._folders.add(os.path.dirname(path))
+
+    def wait(self) -> None:
+        """Block until every added file, its folder and that folder's parent (a new partition's
+        entry) are on disk; an I/O error is raised, failing the task rather than the data."""
+        pending, folders = self._pending, self._folders
+        self._pending, self._folders = [], set()
+        for future in pending:
+            future.result()
+        for folder in {*folders, *(os.path.dirname(f) for f in folders)}:
+            _sync_folder(folder)
 
 
 def _sync_file(path: str) -> None:

@@ -163,25 +163,24 @@ def rewrite_tasks(job_json: str, tasks: Iterable[int]) -> Iterator[dict]:
     """The Spark task function (execution/dispatch): the groups of each task index are rewritten one
     after the other, one result row (RESULT_ARROW_SCHEMA) per group."""
     job = RewriteJob.from_json(job_json)
-    durable.forget()
-    for index in (g for task in tasks for g in job.tasks[task]):
-        started = time.perf_counter()
-        outcome = rewrite_group(job, index)
-        durable.submit([f.file_path for f in outcome.data_files])
-        yield {
-            "group": index,
-            "data_files": json.dumps([datafile_to_json(f) for f in outcome.data_files]),
-            "error": outcome.error,
-            "rows_read": outcome.rows_read,
-            "bytes_read": outcome.bytes_read,
-            "peak_rss": outcome.peak_rss,
-            "engine": outcome.engine,
-            "rows_deleted": outcome.rows_deleted,
-            "seconds": time.perf_counter() - started,
-            "rows_expired": outcome.rows_expired,
-            "spill_files": outcome.spill_files,
-        }
-    durable.wait()  # the task ends, and the driver commits, only once its files are on disk
+    with durable.TaskOutputs() as outputs:  # the driver commits only once they are on disk
+        for index in (g for task in tasks for g in job.tasks[task]):
+            started = time.perf_counter()
+            outcome = rewrite_group(job, index)
+            outputs.add([f.file_path for f in outcome.data_files])
+            yield {
+                "group": index,
+                "data_files": json.dumps([datafile_to_json(f) for f in outcome.data_files]),
+                "error": outcome.error,
+                "rows_read": outcome.rows_read,
+                "bytes_read": outcome.bytes_read,
+                "peak_rss": outcome.peak_rss,
+                "engine": outcome.engine,
+                "rows_deleted": outcome.rows_deleted,
+                "seconds": time.perf_counter() - started,
+                "rows_expired": outcome.rows_expired,
+                "spill_files": outcome.spill_files,
+            }
 
 
 RESULT_ARROW_SCHEMA = pa.schema(
