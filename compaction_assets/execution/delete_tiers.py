@@ -46,6 +46,7 @@ from pyiceberg.table.metadata import TableMetadata, TableMetadataUtil
 from pyiceberg.typedef import Record
 
 from compaction_assets.errors import InputFileError, worker_error
+from compaction_assets.execution import durable
 from compaction_assets.execution.dispatch import collect_rows
 from compaction_assets.execution.source_reader import projected_batches
 from compaction_assets.execution.worker import _reset_peak_rss, peak_rss
@@ -465,14 +466,16 @@ TIER_RESULT_ARROW_SCHEMA = pa.schema(
 def run_tier_rows(run_json: str, indices: Iterable[int]) -> Iterator[dict]:
     """The Spark task function (execution/dispatch): one result row (TIER_RESULT_ARROW_SCHEMA) per job index."""
     run = TierRun.from_json(run_json)
-    for index in indices:
-        outcome = run_tier_job(run, index)
-        yield {
-            **vars(outcome),
-            "tier": str(outcome.tier),
-            "delete_files": json.dumps([datafile_to_json(f) for f in outcome.delete_files]),
-            "covered_data_files": json.dumps(outcome.covered_data_files),
-        }
+    with durable.TaskOutputs() as outputs:  # the driver commits only once they are on disk
+        for index in indices:
+            outcome = run_tier_job(run, index)
+            outputs.add([f.file_path for f in outcome.delete_files])
+            yield {
+                **vars(outcome),
+                "tier": str(outcome.tier),
+                "delete_files": json.dumps([datafile_to_json(f) for f in outcome.delete_files]),
+                "covered_data_files": json.dumps(outcome.covered_data_files),
+            }
 
 
 def outcome_from_row(row: dict) -> TierOutcome:

@@ -108,12 +108,13 @@ def s3_storage_options(properties: dict[str, str]) -> dict[str, str] | None:
     return options
 
 
-def local_path(io: FileIO, location: str) -> str | None:
-    """The filesystem path of a local file's `location`; None if it is not local.
+def local_path(io: FileIO | None, location: str) -> str | None:
+    """The filesystem path of a local file's `location` as pyiceberg's PyArrowFileIO resolves it
+    (with `io`'s properties, if given); None if it is not local.
 
     A plain `file:///` URI is sliced: it is what pyiceberg's parse_location returns for it, and
     urlparse on every path of a 5,000-file group cost 0.06 s in the driver and again in the worker."""
     if location.startswith("file:///") and "?" not in location and "#" not in location:
         return location[len("file://") :]
-    scheme, _, path = PyArrowFileIO.parse_location(location, io.properties)
+    scheme, _, path = PyArrowFileIO.parse_location(location, io.properties if io is not None else {})
     return path if scheme == "file" else None

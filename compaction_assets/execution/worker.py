@@ -40,7 +40,7 @@ from pyiceberg.table.metadata import TableMetadata, TableMetadataUtil
 from pyiceberg.typedef import Record
 
 from compaction_assets.errors import InputFileError, worker_error
-from compaction_assets.execution import polars_rewrite
+from compaction_assets.execution import durable, polars_rewrite
 from compaction_assets.execution.deletes import GroupDeletes
 from compaction_assets.execution.external_sort import ExternalSort, SortSpec
 from compaction_assets.execution.partitioning import partition_folder, split_by_partition
@@ -163,22 +163,24 @@ def rewrite_tasks(job_json: str, tasks: Iterable[int]) -> Iterator[dict]:
     """The Spark task function (execution/dispatch): the groups of each task index are rewritten one
     after the other, one result row (RESULT_ARROW_SCHEMA) per group."""
     job = RewriteJob.from_json(job_json)
-    for index in (g for task in tasks for g in job.tasks[task]):
-        started = time.perf_counter()
-        outcome = rewrite_group(job, index)
-        yield {
-            "group": index,
-            "data_files": json.dumps([datafile_to_json(f) for f in outcome.data_files]),
-            "error": outcome.error,
-            "rows_read": outcome.rows_read,
-            "bytes_read": outcome.bytes_read,
-            "peak_rss": outcome.peak_rss,
-            "engine": outcome.engine,
-            "rows_deleted": outcome.rows_deleted,
-            "seconds": time.perf_counter() - started,
-            "rows_expired": outcome.rows_expired,
-            "spill_files": outcome.spill_files,
-        }
+    with durable.TaskOutputs() as outputs:  # the driver commits only once they are on disk
+        for index in (g for task in tasks for g in job.tasks[task]):
+            started = time.perf_counter()
+            outcome = rewrite_group(job, index)
+            outputs.add([f.file_path for f in outcome.data_files])
+            yield {
+                "group": index,
+                "data_files": json.dumps([datafile_to_json(f) for f in outcome.data_files]),
+                "error": outcome.error,
+                "rows_read": outcome.rows_read,
+                "bytes_read": outcome.bytes_read,
+                "peak_rss": outcome.peak_rss,
+                "engine": outcome.engine,
+                "rows_deleted": outcome.rows_deleted,
+                "seconds": time.perf_counter() - started,
+                "rows_expired": outcome.rows_expired,
+                "spill_files": outcome.spill_files,
+            }
 
 
 RESULT_ARROW_SCHEMA = pa.schema(
