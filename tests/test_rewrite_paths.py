@@ -125,5 +125,5 @@ def test_local_paths_are_sliced_only_where_parse_location_agrees():
         "file:///w/a?b#c.parquet",
         "/w/a.parquet",
     ]:
-        assert local_path(io, location) == PyArrowFileIO.parse_location(location)[2], location
-    assert local_path(io, "s3://bucket/t/a.parquet") is None
+        assert local_path(io.properties, location) == PyArrowFileIO.parse_location(location)[2], location
+    assert local_path(io.properties, "s3://bucket/t/a.parquet") is None

@@ -466,7 +466,7 @@ TIER_RESULT_ARROW_SCHEMA = pa.schema(
 def run_tier_rows(run_json: str, indices: Iterable[int]) -> Iterator[dict]:
     """The Spark task function (execution/dispatch): one result row (TIER_RESULT_ARROW_SCHEMA) per job index."""
     run = TierRun.from_json(run_json)
-    with durable.TaskOutputs() as outputs:  # the driver commits only once they are on disk
+    with durable.TaskOutputs(run.io_properties) as outputs:  # the driver commits only once they are on disk
         for index in indices:
             outcome = run_tier_job(run, index)
             outputs.add([f.file_path for f in outcome.delete_files])

@@ -26,7 +26,9 @@ class TaskOutputs:
     """The local files one task wrote, syncing since `add`. Used around a task's loop: a clean
     exit waits for them all; an error (or an abandoned task) does not, its files are not committed."""
 
-    def __init__(self) -> None:
+    def __init__(self, io_properties: dict[str, str]) -> None:
+        """`io_properties`: the FileIO's that wrote the files (they decide which locations are local)."""
+        self._properties = io_properties
         self._pending: list[Future] = []
         self._folders: set[str] = set()
 
@@ -41,7 +43,7 @@ class TaskOutputs:
         """Start syncing the local files among `locations` (URIs or paths); others are left alone."""
         global _pool
         for location in locations:
-            path = local_path(None, location)  # as pyiceberg's PyArrowFileIO wrote it
+            path = local_path(self._properties, location)  # as pyiceberg's PyArrowFileIO wrote it
             if path is None:
                 continue
             if _pool is None:
@@ -50,14 +52,27 @@ class TaskOutputs:
             self._folders.add(os.path.dirname(path))
 
     def wait(self) -> None:
-        """Block until every added file, its folder and that folder's parent (a new partition's
-        entry) are on disk; an I/O error is raised, failing the task rather than the data."""
+        """Block until every added file and every folder above it (see `folder_chain`) are on disk;
+        an I/O error is raised, failing the task rather than the data."""
         pending, folders = self._pending, self._folders
         self._pending, self._folders = [], set()
         for future in pending:
             future.result()
-        for folder in {*folders, *(os.path.dirname(f) for f in folders)}:
+        for folder in sorted({chain for f in folders for chain in folder_chain(f)}, key=len, reverse=True):
             _sync_folder(folder)
+
+
+def folder_chain(folder: str) -> list[str]:
+    """`folder` and its ancestors up to its file system's mount point. A write may have made
+    several of them (pyiceberg creates missing folders recursively: `data/a=1/b=2` for a new
+    partition of a two-field spec), and a new folder is reachable after a power loss only once its
+    parent's entry for it is on disk. Syncing a folder with nothing new is nearly free, so the
+    whole chain is synced rather than guessing which folders existed before."""
+    chain = [folder]
+    while not os.path.ismount(folder) and os.path.dirname(folder) != folder:
+        folder = os.path.dirname(folder)
+        chain.append(folder)
+    return chain
 
 
 def _sync_file(path: str) -> None:
@@ -73,6 +88,8 @@ def _sync_folder(path: str) -> None:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     except FileNotFoundError:
         return  # a group that wrote nothing there in the end (its files were deleted on failure)
+    except PermissionError:
+        return  # an ancestor this user may not list was not made by this write
     try:
         os.fsync(fd)
     finally:

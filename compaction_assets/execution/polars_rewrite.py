@@ -253,7 +253,7 @@ def row_group_rows(properties: dict[str, str], row_bytes: float) -> int:
 
 def read_footer(io: FileIO, location: str) -> pq.FileMetaData:
     """The footer of a Parquet file: from the disk if local, else through the FileIO."""
-    local = local_path(io, location) if isinstance(io, PyArrowFileIO) else None
+    local = local_path(io.properties, location) if isinstance(io, PyArrowFileIO) else None
     if local is not None:
         return pq.read_metadata(local)
     with io.new_input(location).open() as stream:

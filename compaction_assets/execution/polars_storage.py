@@ -55,7 +55,7 @@ class PolarsStorage:
     def path(self, location: str) -> str:
         """`location` as Polars opens it (s3:// for s3a:// and s3n://, which it lacks; keys taken literally)."""
         if self.local:
-            return local_path(self.io, location)
+            return local_path(self.io.properties if self.io is not None else {}, location)
         return "s3://" + location.split("://", 1)[1]
 
     def register_secrets(self) -> None:
@@ -87,7 +87,7 @@ def storage_for(io: FileIO, locations: list[str]) -> PolarsStorage | None:
     if all(loc.startswith(S3_SCHEMES) for loc in locations):
         options = s3_storage_options(io.properties)
         return None if options is None else PolarsStorage(local=False, options=options, io=io)
-    if isinstance(io, PyArrowFileIO) and all(local_path(io, loc) is not None for loc in locations):
+    if isinstance(io, PyArrowFileIO) and all(local_path(io.properties, loc) is not None for loc in locations):
         return PolarsStorage(local=True, io=io)
     return None
 
@@ -108,13 +108,13 @@ def s3_storage_options(properties: dict[str, str]) -> dict[str, str] | None:
     return options
 
 
-def local_path(io: FileIO | None, location: str) -> str | None:
+def local_path(properties: dict[str, str], location: str) -> str | None:
     """The filesystem path of a local file's `location` as pyiceberg's PyArrowFileIO resolves it
-    (with `io`'s properties, if given); None if it is not local.
+    with the FileIO `properties` (its DEFAULT_SCHEME may send bare paths elsewhere); None if it is not local.
 
     A plain `file:///` URI is sliced: it is what pyiceberg's parse_location returns for it, and
     urlparse on every path of a 5,000-file group cost 0.06 s in the driver and again in the worker."""
     if location.startswith("file:///") and "?" not in location and "#" not in location:
         return location[len("file://") :]
-    scheme, _, path = PyArrowFileIO.parse_location(location, io.properties if io is not None else {})
+    scheme, _, path = PyArrowFileIO.parse_location(location, properties)
     return path if scheme == "file" else None

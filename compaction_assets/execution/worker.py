@@ -163,7 +163,7 @@ def rewrite_tasks(job_json: str, tasks: Iterable[int]) -> Iterator[dict]:
     """The Spark task function (execution/dispatch): the groups of each task index are rewritten one
     after the other, one result row (RESULT_ARROW_SCHEMA) per group."""
     job = RewriteJob.from_json(job_json)
-    with durable.TaskOutputs() as outputs:  # the driver commits only once they are on disk
+    with durable.TaskOutputs(job.io_properties) as outputs:  # the driver commits only once they are on disk
         for index in (g for task in tasks for g in job.tasks[task]):
             started = time.perf_counter()
             outcome = rewrite_group(job, index)
