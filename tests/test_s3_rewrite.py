@@ -23,6 +23,7 @@ from compaction_assets.execution import source_reader
 from compaction_assets.execution.polars_storage import (
     FOOTER_READ_VARIABLE,
     MIN_FOOTER_READ,
+    WHOLE_OBJECT_READ,
     footer_reads,
     s3_storage_options,
     storage_for,
@@ -126,13 +127,19 @@ def test_storage_options_come_from_the_fileio_properties():
 
 
 def test_polars_tail_reads_follow_the_footers_and_read_larger_ones_whole(s3_server, monkeypatch):
-    """The tail Polars reads is sized from a source's footer (the environment's own setting wins,
-    and is restored after); a footer larger than the tail (600 columns, 142 KB) is still read whole."""
+    """The tail Polars reads is sized from a source's footer, or to the largest small source (read
+    whole); the environment's own setting wins, and is restored after; a footer larger than the
+    tail (600 columns, 142 KB) is still read whole."""
     monkeypatch.delenv(FOOTER_READ_VARIABLE, raising=False)
     with footer_reads(1_000):
         assert os.environ[FOOTER_READ_VARIABLE] == str(MIN_FOOTER_READ)
     with footer_reads(100_000):
         assert os.environ[FOOTER_READ_VARIABLE] == "200016"
+    # small objects are read whole (one GET each); one past WHOLE_OBJECT_READ does not raise the tail
+    with footer_reads(1_000, [900_000, 1_200_000, WHOLE_OBJECT_READ + 1]):
+        assert os.environ[FOOTER_READ_VARIABLE] == "1200000"
+    with footer_reads(1_000, [WHOLE_OBJECT_READ + 1]):
+        assert os.environ[FOOTER_READ_VARIABLE] == str(MIN_FOOTER_READ)
     assert FOOTER_READ_VARIABLE not in os.environ
     monkeypatch.setenv(FOOTER_READ_VARIABLE, "1048576")
     with footer_reads(1_000):

@@ -343,7 +343,8 @@ def _rewrite_with_polars(
     polars_target = polars_rewrite.polars_schema(target) if target is not None else None
     if polars_target is None:
         return None
-    with footer_reads(footer.serialized_size):  # the group's other files have footers like its first's
+    # the group's other files have footers like its first's; small objects are read whole
+    with footer_reads(footer.serialized_size, (s.size for s in spec.sources)):
         return polars_rewrite.rewrite_with_polars(
             io,
             version.metadata,
