@@ -135,11 +135,14 @@ def test_polars_tail_reads_follow_the_footers_and_read_larger_ones_whole(s3_serv
         assert os.environ[FOOTER_READ_VARIABLE] == str(MIN_FOOTER_READ)
     with footer_reads(100_000):
         assert os.environ[FOOTER_READ_VARIABLE] == "200016"
-    # small objects are read whole (one GET each); one past WHOLE_OBJECT_READ does not raise the tail
-    with footer_reads(1_000, [900_000, 1_200_000, WHOLE_OBJECT_READ + 1]):
-        assert os.environ[FOOTER_READ_VARIABLE] == "1200000"
-    with footer_reads(1_000, [WHOLE_OBJECT_READ + 1]):
+    # small objects are read whole (one GET each); one past WHOLE_OBJECT_READ keeps footer-sized
+    # tails for all (a tail that does not cover an object is wasted); restored after an error too
+    with footer_reads(1_000, [900_000, 1_200_000, WHOLE_OBJECT_READ]):
+        assert os.environ[FOOTER_READ_VARIABLE] == str(WHOLE_OBJECT_READ)
+    with footer_reads(1_000, [900_000, WHOLE_OBJECT_READ + 1]):
         assert os.environ[FOOTER_READ_VARIABLE] == str(MIN_FOOTER_READ)
+    with pytest.raises(RuntimeError), footer_reads(1_000, [900_000]):
+        raise RuntimeError("a failing scan")
     assert FOOTER_READ_VARIABLE not in os.environ
     monkeypatch.setenv(FOOTER_READ_VARIABLE, "1048576")
     with footer_reads(1_000):
@@ -161,6 +164,59 @@ def test_polars_tail_reads_follow_the_footers_and_read_larger_ones_whole(s3_serv
     with footer_reads(0):
         frame = pl.scan_parquet([f"s3://{s3_server.bucket}/{k}" for k in keys], storage_options=options).collect()
     assert frame.to_arrow().cast(wide.schema).equals(pa.concat_tables([wide, wide]))
+
+
+@pytest.fixture
+def recorded_s3(s3_server):  # noqa: ANN001, ANN201
+    """A second endpoint on moto's in-process backend (the buckets of `s3_server`) that records
+    every request it serves: (method, key path, Range header, bytes sent)."""
+    from moto.moto_server.threaded_moto_server import MotoRequestHandler
+    from moto.server import DomainDispatcherApplication, create_backend_app
+    from werkzeug.serving import make_server
+
+    requests: list[tuple[str, str, str | None, int]] = []
+    inner = DomainDispatcherApplication(create_backend_app)
+
+    def app(environ, start_response):  # noqa: ANN001, ANN202 - WSGI
+        body = b"".join(inner(environ, start_response))
+        requests.append((environ["REQUEST_METHOD"], environ["PATH_INFO"], environ.get("HTTP_RANGE"), len(body)))
+        return [body]
+
+    server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=MotoRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}", requests
+    finally:
+        server.shutdown()
+        thread.join()
+
+
+def test_polars_reads_each_small_source_object_once(s3_lake, recorded_s3):
+    """A group of 40 sources of ~160 KB on S3: the sink fetches each whole in one GET, and the
+    schema check before it reads footer-sized tails only (it reads up to 16 files' and drops them),
+    so about one source's bytes cross the wire per source, not two."""
+    endpoint, requests = recorded_s3
+    table = create_fragmented(s3_lake, "ns.once", {"eu": 40}, rows=12_000)
+    with table.transaction() as txn:  # the tests' policy targets 64 KiB files: these are small at 64 MiB
+        txn.set_properties({"compaction.target-file-size-bytes": str(64 << 20)})
+    job = _job(s3_lake.engine, "ns.once")
+    job = dataclasses.replace(job, io_properties={**job.io_properties, "s3.endpoint": endpoint})
+    (group,) = job.groups
+    sizes = {"/" + urlparse(s.path).netloc + urlparse(s.path).path: s.size for s in group.sources}  # path style
+    assert len(sizes) == 40 and min(sizes.values()) > 2 * MIN_FOOTER_READ
+
+    outcome = rewrite_group(job, 0)
+
+    assert outcome.error is None and outcome.engine == "polars"
+    assert outcome.rows_read == sum(s.records for s in group.sources) == 40 * 12_000
+    gets = [(path, sent) for method, path, _, sent in requests if method == "GET" and path in sizes]
+    assert {path for path, _ in gets} == set(sizes)  # every source was read
+    # one whole GET per source; the schema check's <= 16 footer tails and the first file's
+    # footer (read through the FileIO to choose the path) are all the rest
+    assert len(gets) <= len(sizes) + 16 + 2
+    assert sum(sent for _, sent in gets) <= sum(sizes.values()) + 17 * MIN_FOOTER_READ
+    assert sum(f.record_count for f in outcome.data_files) == 40 * 12_000
 
 
 def test_polars_reaches_s3_schemes_only_for_whole_groups():

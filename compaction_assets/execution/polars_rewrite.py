@@ -48,7 +48,7 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.typedef import Record
 from pyiceberg.utils.properties import property_as_int
 
-from compaction_assets.execution.polars_storage import PolarsStorage, local_path, storage_for
+from compaction_assets.execution.polars_storage import PolarsStorage, footer_reads, local_path, storage_for
 from compaction_assets.faults import crash_point
 from compaction_assets.redact import redact
 
@@ -159,14 +159,15 @@ def rewrite_with_polars(
     spec_id: int,
     name: str,
     max_files: int,
-    row_bytes: float,
+    footer: pq.FileMetaData,
 ) -> list[DataFile] | None:
     """Write `sources` (SourceFile-like) as up to `max_files` files `<name>-NNNNN.parquet`.
 
-    `row_bytes` (decoded bytes per row, from a source footer) sizes the row groups: about
-    ROW_GROUP_BYTES each, at most the table's row-group limit. Polars buffers a whole row group
-    before encoding it, so pyiceberg's default of 1,048,576 rows held 400 MiB for 20 typed
-    columns and ran 2-3x slower than row groups of ~8 MiB (which the Arrow path writes too)."""
+    `footer` is the first source's: the other sources have footers like it (it sizes Polars' tail
+    reads on object storage, polars_storage.footer_reads), and its decoded bytes per row size the
+    row groups: about ROW_GROUP_BYTES each, at most the table's row-group limit. Polars buffers a
+    whole row group before encoding it, so pyiceberg's default of 1,048,576 rows held 400 MiB for
+    20 typed columns and ran 2-3x slower than row groups of ~8 MiB (which the Arrow path writes too)."""
     import polars as pl
 
     props = metadata.properties
@@ -174,7 +175,7 @@ def rewrite_with_polars(
     options = {
         "compression": _CODECS[codec],
         "compression_level": property_as_int(props, TableProperties.PARQUET_COMPRESSION_LEVEL),
-        "row_group_size": row_group_rows(metadata.properties, row_bytes),
+        "row_group_size": row_group_rows(metadata.properties, decoded_row_bytes(footer)),
         "data_page_size": property_as_int(
             props, TableProperties.PARQUET_PAGE_SIZE_BYTES, TableProperties.PARQUET_PAGE_SIZE_BYTES_DEFAULT
         ),
@@ -202,7 +203,8 @@ def rewrite_with_polars(
             # Polars checks a chunk's files against the chunk's first file only; the relabel below
             # is positional, and was validated on the group's first file (the first chunk's): a
             # later chunk of other columns (an older order, a dropped column) must not take it.
-            schema = frame.collect_schema()
+            with footer_reads(footer.serialized_size):  # reads up to 16 files' footers, then drops them
+                schema = frame.collect_schema()
             if reference is None:
                 reference = schema
             elif schema != reference:
@@ -213,7 +215,8 @@ def rewrite_with_polars(
             output = storage.path(location)
             if storage.local:  # a partition's first file: Polars makes no local folders
                 os.makedirs(os.path.dirname(output), exist_ok=True)
-            frame.sink_parquet(output, storage_options=storage.options, **options)
+            with footer_reads(footer.serialized_size, [s.size for s in chunk]):  # small sources: one GET each
+                frame.sink_parquet(output, storage_options=storage.options, **options)
             footer, size = _footer(io, storage, location)
             if footer.num_rows != sum(s.records for s in chunk):
                 raise ValueError(f"{location}: {footer.num_rows} rows, sources say {sum(s.records for s in chunk)}")

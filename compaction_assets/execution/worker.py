@@ -44,7 +44,6 @@ from compaction_assets.execution import durable, polars_rewrite
 from compaction_assets.execution.deletes import GroupDeletes
 from compaction_assets.execution.external_sort import ExternalSort, SortSpec
 from compaction_assets.execution.partitioning import partition_folder, split_by_partition
-from compaction_assets.execution.polars_storage import footer_reads
 from compaction_assets.execution.source_reader import SourceReader
 from compaction_assets.faults import crash_point
 from compaction_assets.lake.datafile_codec import datafile_from_json, datafile_to_json, decode_partition
@@ -343,20 +342,18 @@ def _rewrite_with_polars(
     polars_target = polars_rewrite.polars_schema(target) if target is not None else None
     if polars_target is None:
         return None
-    # the group's other files have footers like its first's; small objects are read whole
-    with footer_reads(footer.serialized_size, (s.size for s in spec.sources)):
-        return polars_rewrite.rewrite_with_polars(
-            io,
-            version.metadata,
-            version.statistics,
-            polars_target,
-            spec.sources,
-            partition,
-            spec.spec_id,
-            writer.name,
-            spec.max_files,
-            polars_rewrite.decoded_row_bytes(footer),
-        )
+    return polars_rewrite.rewrite_with_polars(
+        io,
+        version.metadata,
+        version.statistics,
+        polars_target,
+        spec.sources,
+        partition,
+        spec.spec_id,
+        writer.name,
+        spec.max_files,
+        footer,
+    )
 
 
 def _reset_peak_rss() -> None:
