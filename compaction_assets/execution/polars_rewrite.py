@@ -217,10 +217,10 @@ def rewrite_with_polars(
                 os.makedirs(os.path.dirname(output), exist_ok=True)
             with footer_reads(footer.serialized_size, [s.size for s in chunk]):  # small sources: one GET each
                 frame.sink_parquet(output, storage_options=storage.options, **options)
-            footer, size = _footer(io, storage, location)
-            if footer.num_rows != sum(s.records for s in chunk):
-                raise ValueError(f"{location}: {footer.num_rows} rows, sources say {sum(s.records for s in chunk)}")
-            stats = data_file_statistics_from_parquet_metadata(footer, statistics.plan, statistics.id_mapping)
+            out_footer, size = _footer(io, storage, location)
+            if out_footer.num_rows != sum(s.records for s in chunk):
+                raise ValueError(f"{location}: {out_footer.num_rows} rows, sources say {sum(s.records for s in chunk)}")
+            stats = data_file_statistics_from_parquet_metadata(out_footer, statistics.plan, statistics.id_mapping)
             data_file = DataFile.from_args(
                 content=DataFileContent.DATA,
                 file_path=location,
