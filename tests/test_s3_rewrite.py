@@ -169,17 +169,17 @@ def test_polars_tail_reads_follow_the_footers_and_read_larger_ones_whole(s3_serv
 @pytest.fixture
 def recorded_s3(s3_server):  # noqa: ANN001, ANN201
     """A second endpoint on moto's in-process backend (the buckets of `s3_server`) that records
-    every request it serves: (method, key path, Range header, bytes sent)."""
+    every request it serves: (method, key path, bytes sent)."""
     from moto.moto_server.threaded_moto_server import MotoRequestHandler
     from moto.server import DomainDispatcherApplication, create_backend_app
     from werkzeug.serving import make_server
 
-    requests: list[tuple[str, str, str | None, int]] = []
+    requests: list[tuple[str, str, int]] = []
     inner = DomainDispatcherApplication(create_backend_app)
 
     def app(environ, start_response):  # noqa: ANN001, ANN202 - WSGI
         body = b"".join(inner(environ, start_response))
-        requests.append((environ["REQUEST_METHOD"], environ["PATH_INFO"], environ.get("HTTP_RANGE"), len(body)))
+        requests.append((environ["REQUEST_METHOD"], environ["PATH_INFO"], len(body)))
         return [body]
 
     server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=MotoRequestHandler)
@@ -210,7 +210,7 @@ def test_polars_reads_each_small_source_object_once(s3_lake, recorded_s3):
 
     assert outcome.error is None and outcome.engine == "polars"
     assert outcome.rows_read == sum(s.records for s in group.sources) == 40 * 12_000
-    gets = [(path, sent) for method, path, _, sent in requests if method == "GET" and path in sizes]
+    gets = [(path, sent) for method, path, sent in requests if method == "GET" and path in sizes]
     assert {path for path, _ in gets} == set(sizes)  # every source was read
     # one whole GET per source; the schema check's <= 16 footer tails and the first file's
     # footer (read through the FileIO to choose the path) are all the rest

@@ -82,7 +82,8 @@ def footer_reads(footer_bytes: int, object_sizes: Sequence[int] = ()) -> Iterato
     if FOOTER_READ_VARIABLE in os.environ:
         yield
         return
-    whole = max(object_sizes) if object_sizes and max(object_sizes) <= WHOLE_OBJECT_READ else 0
+    largest = max(object_sizes, default=0)
+    whole = largest if largest <= WHOLE_OBJECT_READ else 0
     os.environ[FOOTER_READ_VARIABLE] = str(max(MIN_FOOTER_READ, 2 * (footer_bytes + 8), whole))
     try:
         yield
