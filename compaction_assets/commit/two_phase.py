@@ -93,7 +93,7 @@ from compaction_assets.lake.deletes import (
 )
 from compaction_assets.lake.features import refusal
 from compaction_assets.lake.files import LiveFile, live_files, partition_key
-from compaction_assets.lake.manifest_cache import live_entries, manifest_contents
+from compaction_assets.lake.manifest_cache import forget, live_entries, manifest_contents
 from compaction_assets.lake.manifest_io import ManifestContents, partition_schema, write_restated
 from compaction_assets.lake.partition_key import partition_id
 from compaction_assets.lake.storage import PathSet, delete_unreferenced, files_with_prefix
@@ -464,6 +464,18 @@ class _RewriteFiles(_OverwriteFiles):
         existing = executor.submit(self._existing_manifests)
         return self._process_manifests(added.result() + deleted.result() + existing.result())
 
+    @property
+    def replaced_manifests(self) -> list[str]:
+        """The last try's manifests that held removed files (the snapshot restates their entries)."""
+        return [manifest.manifest_path for manifest, _, positions in self._scanned if positions]
+
+    def untie(self) -> None:
+        """Break the reference cycle pyiceberg 0.12's cached `partition_filters` (a KeyDefaultDict of
+        a bound method) makes of the producer, so that it and all it holds (the replaced files, the
+        scanned manifests' entries) are freed when dropped, not by Python's cyclic collector later
+        (a sweep of thousands of entries, in whatever runs next)."""
+        self.__dict__.pop("partition_filters", None)
+
     def _validate_concurrency(self) -> None:
         """Nothing here: `_manifests` validates every try against the attempts' own bases."""
 
@@ -789,7 +801,11 @@ def _carried_totals(previous: Mapping[str, Any] | None, changes: Mapping[str, st
 
 def _commit_once(table: Table, attempts: Sequence[Attempt], live: dict[str, DataFile]) -> None:
     """One commit of every attempt (pyiceberg retries it on a concurrent commit, see _RewriteFiles),
-    as the snapshot operation they call for (snapshot_operation)."""
+    as the snapshot operation they call for (snapshot_operation).
+
+    The manifests the new snapshot restated leave the manifest cache: no plan reads them again,
+    and a 5,000-file rewrite's entries left there only had Python's collector sweep them once it
+    came back on (0.03-0.2 s of such a compaction, after the commit, measured on the bench)."""
     properties = {
         TASK_ID_PROPERTY: ",".join(a.task_id for a in attempts),
         ATTEMPT_ID_PROPERTY: ",".join(a.attempt_id for a in attempts),
@@ -813,9 +829,14 @@ def _commit_once(table: Table, attempts: Sequence[Attempt], live: dict[str, Data
             )
         )
     txn = table.transaction()
-    with _RewriteFiles(txn, table.io, rewrites, properties, snapshot_operation(attempts)):
-        pass
-    txn.commit_transaction()
+    rewrite = _RewriteFiles(txn, table.io, rewrites, properties, snapshot_operation(attempts))
+    try:
+        with rewrite:
+            pass
+        txn.commit_transaction()
+        forget(rewrite.replaced_manifests)
+    finally:
+        rewrite.untie()
 
 
 def confirm_committed(

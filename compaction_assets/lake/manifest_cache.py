@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Iterable
 
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import ManifestEntry, ManifestFile
@@ -48,3 +49,13 @@ def manifest_contents(manifest: ManifestFile, io: FileIO) -> ManifestContents:
                 _, evicted = _cache.popitem(last=False)
                 _size -= len(evicted.entries)
     return contents
+
+
+def forget(paths: Iterable[str]) -> None:
+    """Drop the cached entries of manifests at `paths` (a commit took them out of the current
+    snapshot: planning and commit checks no longer read them)."""
+    global _size
+    with _lock:
+        for path in paths:
+            if (evicted := _cache.pop(path, None)) is not None:
+                _size -= len(evicted.entries)
