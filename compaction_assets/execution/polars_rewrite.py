@@ -161,13 +161,7 @@ def rewrite_with_polars(
     max_files: int,
     footer: pq.FileMetaData,
 ) -> list[DataFile] | None:
-    """Write `sources` (SourceFile-like) as up to `max_files` files `<name>-NNNNN.parquet` of
-    about equal row counts, in one Polars query.
-
-    One query, not one per output file: a query ramps up and drains, leaving a core idle each
-    time, and one query over all sources wrote 4 files from 500 in 8 % less time (median of 16
-    interleaved pairs, 14 of them faster; Polars' PartitionBy, `unstable` in Polars 2.1: any
-    change there that breaks it fails the group over to the per-file path, checked by row count).
+    """Write `sources` (SourceFile-like) as up to `max_files` files `<name>-NNNNN.parquet`.
 
     `footer` is the first source's: the other sources have footers like it (it sizes Polars' tail
     reads on object storage, polars_storage.footer_reads), and its decoded bytes per row size the
@@ -191,49 +185,56 @@ def rewrite_with_polars(
     storage = storage_for(io, [s.path for s in sources])
     if storage is None:
         return None
-    rows = sum(s.records for s in sources)
-    files = max(1, min(max_files, len(sources), rows))
-    folder, stem = name.rsplit("/", 1)
-    opened: list[str] = []  # what Polars was told to create, in order
-
-    def file_name(args: pl.io.partition.FileProviderArgs) -> str:  # called by Polars as it opens each file
-        opened.append(f"{name}-{args.index_in_partition:05d}.parquet")
-        return f"{stem}-{args.index_in_partition:05d}.parquet"
-
+    written: list[DataFile] = []
+    opened: list[str] = []
+    reference = None  # the first chunk's Polars schema: the one validated against the table
     try:
-        frame = pl.scan_parquet(
-            [storage.path(s.path) for s in sources],
-            glob=False,
-            hive_partitioning=False,
-            missing_columns="raise",
-            extra_columns="raise",
-            storage_options=storage.options,
-        )
-        # the relabel below is positional, validated on the group's first file, which Polars
-        # checks every other file against (by name: order may differ, no column may be missing,
-        # extra or of another type)
-        with footer_reads(footer.serialized_size):  # reads up to 16 files' footers, then drops them
-            physical = frame.collect_schema().names()
-        if physical != target.names:
-            frame = frame.rename(dict(zip(physical, target.names, strict=True)))
-        if storage.local:  # a partition's first file: Polars makes no local folders
-            os.makedirs(storage.path(folder), exist_ok=True)
-        if files == 1:
-            opened.append(f"{name}-00000.parquet")
-            output = storage.path(opened[0])
-        else:
-            output = pl.PartitionBy(
-                storage.path(folder),
-                file_path_provider=file_name,
-                max_rows_per_file=-(-rows // files),
-                approximate_bytes_per_file=None,
+        for k, chunk in enumerate(_split(sources, max_files)):
+            location = f"{name}-{k:05d}.parquet"
+            opened.append(location)
+            frame = pl.scan_parquet(
+                [storage.path(s.path) for s in chunk],
+                glob=False,
+                hive_partitioning=False,
+                missing_columns="raise",
+                extra_columns="raise",
+                storage_options=storage.options,
             )
-        with footer_reads(footer.serialized_size, [s.size for s in sources]):  # small sources: one GET each
-            frame.sink_parquet(output, storage_options=storage.options, **options)
-        written = [_data_file(io, storage, statistics, location, partition, spec_id) for location in opened]
-        if (count := sum(f.record_count for f in written)) != rows:
-            raise ValueError(f"{name}: {count} rows written in {len(written)} files, sources say {rows}")
-        crash_point("worker_mid_group")
+            # Polars checks a chunk's files against the chunk's first file only; the relabel below
+            # is positional, and was validated on the group's first file (the first chunk's): a
+            # later chunk of other columns (an older order, a dropped column) must not take it.
+            with footer_reads(footer.serialized_size):  # reads up to 16 files' footers, then drops them
+                schema = frame.collect_schema()
+            if reference is None:
+                reference = schema
+            elif schema != reference:
+                raise ValueError(f"{location}: its sources' columns differ from the group's first file's")
+            physical = schema.names()
+            if physical != target.names:
+                frame = frame.rename(dict(zip(physical, target.names, strict=True)))
+            output = storage.path(location)
+            if storage.local:  # a partition's first file: Polars makes no local folders
+                os.makedirs(os.path.dirname(output), exist_ok=True)
+            with footer_reads(footer.serialized_size, [s.size for s in chunk]):  # small sources: one GET each
+                frame.sink_parquet(output, storage_options=storage.options, **options)
+            out_footer, size = _footer(io, storage, location)
+            if out_footer.num_rows != sum(s.records for s in chunk):
+                raise ValueError(f"{location}: {out_footer.num_rows} rows, sources say {sum(s.records for s in chunk)}")
+            stats = data_file_statistics_from_parquet_metadata(out_footer, statistics.plan, statistics.id_mapping)
+            data_file = DataFile.from_args(
+                content=DataFileContent.DATA,
+                file_path=location,
+                file_format=FileFormat.PARQUET,
+                partition=partition,
+                file_size_in_bytes=size,
+                sort_order_id=None,
+                equality_ids=None,
+                key_metadata=None,
+                **stats.to_serialized_dict(),
+            )
+            data_file.spec_id = spec_id
+            written.append(data_file)
+            crash_point("worker_mid_group")
     except Exception as exc:  # noqa: BLE001 - any failure: clean up, let the per-file path decide
         storage.register_secrets()  # a Polars error may quote its options; the log line must not
         log.warning("polars rewrite of %s fell back to the per-file path: %s", name, redact(str(exc).splitlines()[0]))
@@ -243,27 +244,6 @@ def rewrite_with_polars(
                     io.delete(location)
         return None
     return written
-
-
-def _data_file(
-    io: FileIO, storage: PolarsStorage, statistics: Statistics, location: str, partition: Record, spec_id: int
-) -> DataFile:
-    """The DataFile of a file Polars wrote, its statistics from its footer through pyiceberg's functions."""
-    out_footer, size = _footer(io, storage, location)
-    stats = data_file_statistics_from_parquet_metadata(out_footer, statistics.plan, statistics.id_mapping)
-    data_file = DataFile.from_args(
-        content=DataFileContent.DATA,
-        file_path=location,
-        file_format=FileFormat.PARQUET,
-        partition=partition,
-        file_size_in_bytes=size,
-        sort_order_id=None,
-        equality_ids=None,
-        key_metadata=None,
-        **stats.to_serialized_dict(),
-    )
-    data_file.spec_id = spec_id
-    return data_file
 
 
 def row_group_rows(properties: dict[str, str], row_bytes: float) -> int:
@@ -297,3 +277,16 @@ def _footer(io: FileIO, storage: PolarsStorage, location: str) -> tuple[pq.FileM
         return pq.read_metadata(path), os.path.getsize(path)
     with io.new_input(location).open() as stream:
         return pq.read_metadata(stream), stream.seek(0, os.SEEK_END)
+
+
+def _split(sources: list, parts: int) -> list[list]:
+    """Consecutive runs of `sources` of about equal bytes, at most `parts` of them."""
+    total = sum(s.size for s in sources)
+    runs: list[list] = [[]]
+    done = 0
+    for source in sources:
+        if runs[-1] and len(runs) < parts and done >= total * len(runs) / parts:
+            runs.append([])
+        runs[-1].append(source)
+        done += source.size
+    return runs
