@@ -157,8 +157,9 @@ def _listing(directory: str, io: FileIO | None, recursive: bool) -> Iterator[tup
 def files_with_prefix(directory: str, prefix: str, io: FileIO | None = None, recursive: bool = False) -> list[str]:
     """Locations of the files directly in `directory` (or anywhere below it: `recursive`) whose
     names start with `prefix`, spelled as `directory` is (as the writer and so the manifests spell them)."""
-    filesystem, root = _filesystem(directory.rstrip("/"), io)
-    if recursive or not isinstance(filesystem, pafs.LocalFileSystem):
+    directory = directory.rstrip("/")
+    scheme, _, root = _raw_location(directory)
+    if recursive or scheme != "file":
         return sorted(p for p, info in _listing(directory, io, recursive) if info.base_name.startswith(prefix))
     # one folder on local disk: only the names that match are stat'ed (pyarrow's listing stats
     # every file: 0.019 s against 0.0025 s for a folder of 5,000, in every commit's sweep)
@@ -167,7 +168,7 @@ def files_with_prefix(directory: str, prefix: str, io: FileIO | None = None, rec
             names = [e.name for e in entries if e.name.startswith(prefix) and e.is_file()]
     except FileNotFoundError:
         return []
-    return sorted(f"{directory.rstrip('/')}/{name}" for name in names)
+    return sorted(f"{directory}/{name}" for name in names)
 
 
 class Listed(NamedTuple):
