@@ -1,11 +1,14 @@
 """Which path rewrites a group (Polars, bulk Arrow scan, per-file projection) and that each keeps
 the rows: by content, against tables whose files need projection by field id."""
 
+import os
 from pathlib import Path
 from urllib.parse import urlparse
 
+import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType
@@ -13,6 +16,13 @@ from pyiceberg.types import LongType, NestedField, StringType
 from compaction_assets.demo import append_fragments
 from compaction_assets.engine import Engine
 from compaction_assets.execution.polars_rewrite import local_path
+from compaction_assets.execution.polars_storage import (
+    MAX_CONCURRENT_SCANS,
+    SCAN_BYTES_IN_FLIGHT,
+    SCAN_VARIABLES,
+    concurrent_scans,
+    scan_concurrency,
+)
 from compaction_assets.execution.source_reader import SourceReader
 from compaction_assets.execution.worker import RewriteJob, RollingWriter, rewrite_group
 from compaction_assets.lake.catalog import load_table
@@ -127,3 +137,26 @@ def test_local_paths_are_sliced_only_where_parse_location_agrees():
     ]:
         assert local_path(io.properties, location) == PyArrowFileIO.parse_location(location)[2], location
     assert local_path(io.properties, "s3://bucket/t/a.parquet") is None
+
+
+def test_polars_scans_many_small_local_sources_at_once_and_leaves_the_environment_as_it_was(monkeypatch):
+    """Tiny sources get up to MAX_CONCURRENT_SCANS in flight, sources near the Polars limit keep
+    Polars' default (nothing set); a value the environment sets wins; all is restored after."""
+    for name in SCAN_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    assert concurrent_scans([11_000] * 5_000) == MAX_CONCURRENT_SCANS
+    assert concurrent_scans([SCAN_BYTES_IN_FLIGHT // 10] * 3) == 10
+    assert concurrent_scans([SCAN_BYTES_IN_FLIGHT * 2]) == 1
+    with scan_concurrency([11_000] * 100):
+        assert [os.environ[n] for n in SCAN_VARIABLES] == [str(MAX_CONCURRENT_SCANS)] * 2
+    assert not any(n in os.environ for n in SCAN_VARIABLES)
+    with scan_concurrency([8 * 1024 * 1024] * 10):  # 4 in flight: no more than Polars' own on <= 4 threads
+        if pl.thread_pool_size() >= 4:
+            assert not any(n in os.environ for n in SCAN_VARIABLES)
+    with pytest.raises(RuntimeError), scan_concurrency([1_000]):
+        raise RuntimeError("a failing sink")
+    assert not any(n in os.environ for n in SCAN_VARIABLES)
+    monkeypatch.setenv(SCAN_VARIABLES[0], "3")
+    with scan_concurrency([1_000]):
+        assert os.environ[SCAN_VARIABLES[0]] == "3" and os.environ[SCAN_VARIABLES[1]] == str(MAX_CONCURRENT_SCANS)
+    assert os.environ[SCAN_VARIABLES[0]] == "3" and SCAN_VARIABLES[1] not in os.environ

@@ -48,7 +48,13 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.typedef import Record
 from pyiceberg.utils.properties import property_as_int
 
-from compaction_assets.execution.polars_storage import PolarsStorage, footer_reads, local_path, storage_for
+from compaction_assets.execution.polars_storage import (
+    PolarsStorage,
+    footer_reads,
+    local_path,
+    scan_concurrency,
+    storage_for,
+)
 from compaction_assets.faults import crash_point
 from compaction_assets.redact import redact
 
@@ -215,7 +221,10 @@ def rewrite_with_polars(
             output = storage.path(location)
             if storage.local:  # a partition's first file: Polars makes no local folders
                 os.makedirs(os.path.dirname(output), exist_ok=True)
-            with footer_reads(footer.serialized_size, [s.size for s in chunk]):  # small sources: one GET each
+            sizes = [s.size for s in chunk]
+            # small sources: one GET each; many local ones in flight (object storage: not measured yet)
+            concurrency = scan_concurrency(sizes) if storage.local else contextlib.nullcontext()
+            with footer_reads(footer.serialized_size, sizes), concurrency:
                 frame.sink_parquet(output, storage_options=storage.options, **options)
             out_footer, size = _footer(io, storage, location)
             if out_footer.num_rows != sum(s.records for s in chunk):
