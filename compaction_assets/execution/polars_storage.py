@@ -77,11 +77,13 @@ class PolarsStorage:
 # and as many readers initialised ahead, POLARS_NUM_READERS_PRE_INIT). Polars' default follows its
 # thread count (2 and 5 on 2 cores): on thousands of tiny local files the scan then waits on one
 # file after another. Sinking the bench's "tiny" 5,000 x 11 KB files into one took 0.40 s at the
-# default and 0.31 s at 64 (median of 7, same process), "small" 500 x 0.9 MB into 4 files 0.87 s
-# and 0.82 s (peak RSS 124 -> 247 MiB). So: as many as SCAN_BYTES_IN_FLIGHT of source bytes
-# allow, at most MAX_CONCURRENT_SCANS; Polars' default where that is no more than its threads.
+# default and 0.31 s at 64 (median of 7, same process); "small" 500 x 0.9 MB into 4 files 0.87 s
+# and 0.82 s (peak RSS 124 -> 247 MiB). Larger sources gain nothing and cost memory: 6 MiB ones
+# at 5 in flight raised the bench's 2 GB group from 381-455 to 542 MiB peak, as fast. So: as many
+# as SCAN_BYTES_IN_FLIGHT of source bytes allow, at most MAX_CONCURRENT_SCANS; Polars' default
+# where that is no more than its threads.
 SCAN_VARIABLES = ("POLARS_MAX_CONCURRENT_SCANS", "POLARS_NUM_READERS_PRE_INIT")
-SCAN_BYTES_IN_FLIGHT = 32 * 1024 * 1024
+SCAN_BYTES_IN_FLIGHT = 8 * 1024 * 1024
 MAX_CONCURRENT_SCANS = 64
 
 
