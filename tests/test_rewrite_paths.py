@@ -139,13 +139,15 @@ def test_local_paths_are_sliced_only_where_parse_location_agrees():
 
 
 def test_polars_scans_many_small_local_sources_at_once_and_leaves_the_environment_as_it_was(monkeypatch):
-    """Tiny sources get up to MAX_CONCURRENT_SCANS in flight, sources near the Polars limit keep
-    Polars' default (nothing set); a value the environment sets wins; all is restored after."""
+    """Tiny sources get up to MAX_CONCURRENT_SCANS in flight, one large source among them limits
+    it, sources near the Polars limit keep Polars' default (nothing set); a value the environment
+    sets wins; all is restored after."""
     for name in SCAN_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     assert concurrent_scans([11_000] * 5_000) == MAX_CONCURRENT_SCANS
     assert concurrent_scans([SCAN_BYTES_IN_FLIGHT // 10] * 3) == 10
     assert concurrent_scans([SCAN_BYTES_IN_FLIGHT * 2]) == 1
+    assert concurrent_scans([1_000] * 10_000 + [SCAN_BYTES_IN_FLIGHT // 2]) == 2  # counted at the largest
     with scan_concurrency([11_000] * 100):
         assert [os.environ[n] for n in SCAN_VARIABLES] == [str(MAX_CONCURRENT_SCANS)] * 2
     assert not any(n in os.environ for n in SCAN_VARIABLES)

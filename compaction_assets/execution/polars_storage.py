@@ -80,17 +80,18 @@ class PolarsStorage:
 # default and 0.31 s at 64 (median of 7, same process); "small" 500 x 0.9 MB into 4 files 0.87 s
 # and 0.82 s (peak RSS 124 -> 247 MiB). Larger sources gain nothing and cost memory: 6 MiB ones
 # at 5 in flight raised the bench's 2 GB group from 381-455 to 542 MiB peak, as fast. So: as many
-# as SCAN_BYTES_IN_FLIGHT of source bytes allow, at most MAX_CONCURRENT_SCANS; Polars' default
-# where that is no more than its threads.
+# as SCAN_BYTES_IN_FLIGHT of source bytes allow, counted at the largest source (a few large files
+# among many tiny ones could otherwise all be in flight together), at most MAX_CONCURRENT_SCANS;
+# Polars' default where that is no more than its threads.
 SCAN_VARIABLES = ("POLARS_MAX_CONCURRENT_SCANS", "POLARS_NUM_READERS_PRE_INIT")
 SCAN_BYTES_IN_FLIGHT = 8 * 1024 * 1024
 MAX_CONCURRENT_SCANS = 64
 
 
 def concurrent_scans(object_sizes: Sequence[int]) -> int:
-    """Sources to have in flight for sources of these sizes (bytes): SCAN_BYTES_IN_FLIGHT of them."""
-    average = sum(object_sizes) / len(object_sizes) if object_sizes else SCAN_BYTES_IN_FLIGHT
-    return max(1, min(MAX_CONCURRENT_SCANS, int(SCAN_BYTES_IN_FLIGHT / max(average, 1.0))))
+    """Sources to have in flight for sources of these sizes (bytes): SCAN_BYTES_IN_FLIGHT of the largest."""
+    largest = max(object_sizes, default=SCAN_BYTES_IN_FLIGHT)
+    return max(1, min(MAX_CONCURRENT_SCANS, SCAN_BYTES_IN_FLIGHT // max(largest, 1)))
 
 
 @contextmanager
