@@ -316,9 +316,11 @@ def _delete_conflict(
             )
     if not results:
         return None
-    sources = {partition_id(f.spec_id, f.partition) for f in replaced}
-    if all(partition_id(f.spec_id, f.partition) in sources for f in results):
-        return None
+    outside = {partition_id(f.spec_id, f.partition) for f in results}  # results' partitions no source is in
+    for data_file in replaced:  # a group's sources share a partition: this stops at the first
+        outside.discard(partition_id(data_file.spec_id, data_file.partition))
+        if not outside:
+            return None
     scoped = [
         d for d in added_deletes if d.content == DataFileContent.EQUALITY_DELETES and d.spec_id not in global_specs
     ]
