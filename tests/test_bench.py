@@ -3,6 +3,7 @@ each repeat, keeps the rows, and the report carries the medians and every run.""
 
 from __future__ import annotations
 
+from compaction_assets.bench import memory
 from compaction_assets.bench.datasets import Dataset
 from compaction_assets.bench.run import NAMESPACE, TARGET, bench_config, compare
 from compaction_assets.bench.s3_dataset import compare_s3
@@ -48,3 +49,16 @@ def test_the_s3_dataset_runs_every_contender_through_the_server(tmp_path, spark)
     ours = timed["ours"][0]
     assert ours.phases["rewrite"] > 0
     assert any(line.startswith("[s3] run 1/1: ours") for line in lines)
+
+
+def test_the_memory_group_on_s3_goes_through_the_server_and_keeps_its_rows(tmp_path, spark):
+    lines: list[str] = []
+
+    result = memory.measure_s3(spark, tmp_path, "polars", 0.03, lines.append)
+
+    # 5 files of ~6 MiB (4 distinct): one group, one output, rewritten by Polars from and to the server
+    assert (result["kind"], result["path"]) == ("s3", "polars")
+    assert result["group_bytes"] > 20 * 1024 * 1024 and result["worker_peak_rss_bytes"] > 0
+    assert lines and "rows identical" in lines[-1] and "-> 1)" in lines[-1]
+    assert memory.report_lines([result])[0].startswith("memory dataset=s3 path=polars peak_rss_mb=")
+    assert not (tmp_path / "data" / "memory-s3-polars").exists()

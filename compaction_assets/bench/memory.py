@@ -10,8 +10,13 @@ Issue 20 repeats it sorted: `sort` gives the table a sort order (city, then pric
 `zorder` z-order columns (price, qty); a sorted group takes the Arrow path and goes through the
 external sort (execution/external_sort.py) with the default sort budget.
 
+`--s3` measures the flat group on each path with its sources and result on the local S3 server
+(moto in a child process), reported as dataset "s3": the group read and written through Polars'
+object_store or pyarrow's S3 client rather than local files.
+
     python -m compaction_assets.bench.memory --kind typed --gib 2
     python -m compaction_assets.bench.memory --kind flat --order sort --order zorder --gib 2
+    python -m compaction_assets.bench.memory --s3 --gib 2
 """
 
 from __future__ import annotations
@@ -24,10 +29,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import click
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pyiceberg.transforms import IdentityTransform
 
 from compaction_assets.bench import datasets
+from compaction_assets.bench.s3_paths import slow_s3
 from compaction_assets.config import load_config
 from compaction_assets.engine import Engine
 from compaction_assets.execution.spark import spark_session
@@ -77,10 +84,7 @@ def measure(
     sources = write_group(folder / "source", kind, gib, FILE_BYTES[path])
     bytes_in = sum(p.stat().st_size for p in sources)
     name = f"bench.memory_{kind}_{path}" + (f"_{order}" if order != "none" else "")
-    props = {  # a target above the whole group: one group, one output file
-        "compaction.target-file-size-bytes": str(bytes_in + 256 * MiB),
-        "compaction.max-group-bytes": str(2 * bytes_in + 256 * MiB),
-    }
+    props = one_group(bytes_in)
     if order != "none":  # sources undersized, not fragments: a major, which sorts (a minor does not)
         smallest = min(p.stat().st_size for p in sources)
         props["compaction.fragment-ratio"] = str(max(8, 2 * (bytes_in + 256 * MiB) // smallest))
@@ -91,21 +95,68 @@ def measure(
         if order == "sort":
             with table.update_sort_order() as sort_order:
                 sort_order.asc("city", IdentityTransform()).desc("price", IdentityTransform())
-            table = engine.catalog.load_table(name)
-        expected = rows_digest(table)
         os.sync()
-        started = time.perf_counter()
-        [outcome] = engine.compact(name)
-        seconds = time.perf_counter() - started
-        identical = rows_digest(engine.catalog.load_table(name)) == expected
+        return compact_group(engine, name, kind, len(sources), bytes_in, log, order)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def measure_s3(spark, root: Path, path: str, gib: float = 2.0, log: Callable[[str], None] = print) -> dict:  # noqa: ANN001
+    """`measure` of the flat rows with the sources and the result on the local S3 server (moto, in
+    a child process): the group read and written through S3 (Polars' object_store or pyarrow's S3
+    client), reported as dataset "s3"."""
+    from compaction_assets.bench import s3_dataset
+
+    folder = root / "data" / f"memory-s3-{path}"
+    sources = write_group(folder / "source", "flat", gib, FILE_BYTES[path])
+    bytes_in = sum(p.stat().st_size for p in sources)
+    try:
+        with slow_s3(0.0) as s3:
+            fs = s3_dataset.filesystem(s3)
+            pafs.copy_files(str(folder / "source"), f"{s3.bucket}/memory", destination_filesystem=fs)
+            keys = sorted(i.path for i in fs.get_file_info(pafs.FileSelector(f"{s3.bucket}/memory")))
+            engine = s3_dataset.s3_engine(root, s3, spark)
+            name = f"bench.memory_s3_{path}"
+            schema = pq.read_schema(sources[0])
+            table = engine.catalog.create_table(
+                name,
+                schema=schema,
+                properties={"write.parquet.compression-codec": datasets.CODEC, **one_group(bytes_in)},
+            )
+            table.add_files([f"s3://{k}" for k in keys])
+            return compact_group(engine, name, "s3", len(sources), bytes_in, log)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def one_group(bytes_in: int) -> dict[str, str]:
+    """Table properties that make `bytes_in` of sources one group with one output file (a target above it)."""
+    return {
+        "compaction.target-file-size-bytes": str(bytes_in + 256 * MiB),
+        "compaction.max-group-bytes": str(2 * bytes_in + 256 * MiB),
+    }
+
+
+def compact_group(
+    engine: Engine,
+    name: str,
+    kind: str,
+    files: int,
+    bytes_in: int,
+    log: Callable[[str], None],
+    order: str = "none",
+) -> dict:
+    """Compact table `name` (one group), check its rows by content, log and return the figures."""
+    expected = rows_digest(engine.catalog.load_table(name))
+    started = time.perf_counter()
+    [outcome] = engine.compact(name)
+    seconds = time.perf_counter() - started
+    identical = rows_digest(engine.catalog.load_table(name)) == expected
     sorted_by = f" sorted ({order}, {outcome.spill_files} spill runs)" if order != "none" else ""
     log(
         f"[memory] {kind} via {outcome.engine}{sorted_by}: one group of {bytes_in / 1e9:.2f} GB "
-        f"({len(sources)} files of "
-        f"{bytes_in / len(sources) / MiB:.0f} MiB -> {outcome.files_written}): {seconds:.1f}s, worker peak RSS "
-        f"{outcome.peak_worker_rss / MiB:.0f} MiB, rows {'identical' if identical else 'DIFFERENT'}"
+        f"({files} files of {bytes_in / files / MiB:.0f} MiB -> {outcome.files_written}): {seconds:.1f}s, "
+        f"worker peak RSS {outcome.peak_worker_rss / MiB:.0f} MiB, rows {'identical' if identical else 'DIFFERENT'}"
     )
     if outcome.status != "committed" or not identical or (order != "none" and outcome.kind != "major"):
         raise RuntimeError(f"bench: the {kind} memory group did not compact cleanly: {outcome.reason}")
@@ -143,7 +194,8 @@ def measure_sorted(engine: Engine, root: Path, gib: float, log: Callable[[str], 
 @click.option("--kind", "kinds", multiple=True, type=click.Choice(KINDS), help="default: all")
 @click.option("--gib", default=2.0, show_default=True)
 @click.option("--order", "orders", multiple=True, type=click.Choice(ORDERS), help="default: none (flat rows only)")
-def main(kinds: tuple[str, ...], gib: float, orders: tuple[str, ...]) -> None:
+@click.option("--s3", "on_s3", is_flag=True, help="the flat group on the local S3 server, each path")
+def main(kinds: tuple[str, ...], gib: float, orders: tuple[str, ...], on_s3: bool) -> None:
     from compaction_assets.bench.run import bench_config
 
     root = Path(tempfile.mkdtemp(prefix="compaction-memory-"))
@@ -152,7 +204,9 @@ def main(kinds: tuple[str, ...], gib: float, orders: tuple[str, ...]) -> None:
         spark = spark_session(config.spark)
         engine = Engine(config, spark=lambda: spark)
         engine.catalog.create_namespace_if_not_exists("bench")
-        if set(orders) - {"none"}:
+        if on_s3:
+            results = [measure_s3(spark, root, path, gib, click.echo) for path in FILE_BYTES]
+        elif set(orders) - {"none"}:
             results = [measure(engine, root, "flat", "arrow", gib, click.echo, order) for order in orders]
         else:
             results = measure_all(engine, root, list(kinds or KINDS), gib, click.echo)

@@ -296,6 +296,8 @@ def run_bench(
             paths = [memory.measure(engine, root, "flat", "polars", large_gib, log)]
             report.extras["memory_paths"] = paths + memory.measure_all(engine, root, ["typed", "wide"], large_gib, log)
             report.extras["memory_paths"] += memory.measure_sorted(engine, root, large_gib, log)
+            on_s3 = [memory.measure_s3(spark, root, path, large_gib, log) for path in memory.FILE_BYTES]
+            report.extras["memory_paths"] += on_s3
             shutil.rmtree(root / "data", ignore_errors=True)
         report.extras["commits"] = commits_per_table(engine, log)
         spark.stop()
