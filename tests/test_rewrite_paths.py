@@ -14,7 +14,7 @@ from pyiceberg.types import LongType, NestedField, StringType
 
 from compaction_assets.demo import append_fragments
 from compaction_assets.engine import Engine
-from compaction_assets.execution.polars_rewrite import local_path
+from compaction_assets.execution.polars_rewrite import decoded_row_bytes, held_row_bytes, local_path
 from compaction_assets.execution.polars_storage import (
     MAX_CONCURRENT_SCANS,
     SCAN_BYTES_IN_FLIGHT,
@@ -160,3 +160,34 @@ def test_polars_scans_many_small_local_sources_at_once_and_leaves_the_environmen
     with scan_concurrency([1_000]):
         assert os.environ[SCAN_VARIABLES[0]] == "3" and os.environ[SCAN_VARIABLES[1]] == str(MAX_CONCURRENT_SCANS)
     assert os.environ[SCAN_VARIABLES[0]] == "3" and SCAN_VARIABLES[1] not in os.environ
+
+
+def test_sources_of_long_runs_count_as_their_decoded_size(tmp_path):
+    """Parquet stores a column of long runs in a few bytes per row; a scan holds it decoded, at
+    8 bytes per row: such sources get no more in flight than Polars' default."""
+    rows = 200_000
+    runs = pa.table({f"c{j}": pa.array([k // 4096 for k in range(rows)], pa.int64()) for j in range(4)})
+    path = tmp_path / "runs.parquet"
+    pq.write_table(runs, path, compression="zstd")
+    footer = pq.read_metadata(path)
+
+    assert decoded_row_bytes(footer) < 8  # what the footer says: under a byte per column
+    assert held_row_bytes(footer) == 32.0
+    held = int(rows * held_row_bytes(footer))
+    assert path.stat().st_size < SCAN_BYTES_IN_FLIGHT // MAX_CONCURRENT_SCANS  # by its size, 64 in flight
+    assert concurrent_scans([held] * 300) == 1
+
+
+def test_a_polars_panic_falls_back_to_the_arrow_path_with_every_row(lake, monkeypatch):
+    """A value Polars cannot parse in one of its variables makes it panic (a BaseException, not an
+    Exception): the group goes through the Arrow path instead, and keeps its rows."""
+    table = create_fragmented(lake, "ns.panic", {"eu": 12})
+    expected = _rows(table)
+    job = _job(lake.engine, "ns.panic")
+    monkeypatch.setenv(SCAN_VARIABLES[0], "not-a-number")
+
+    outcome = rewrite_group(job, 0)
+
+    assert outcome.error is None and outcome.engine == "arrow" and outcome.rows_read == len(expected)
+    written = pa.concat_tables(pq.read_table(urlparse(f.file_path).path) for f in outcome.data_files)
+    assert sorted(written.to_pylist(), key=lambda r: r["id"]) == expected

@@ -191,6 +191,7 @@ def rewrite_with_polars(
     storage = storage_for(io, [s.path for s in sources])
     if storage is None:
         return None
+    row_bytes = held_row_bytes(footer)
     written: list[DataFile] = []
     opened: list[str] = []
     reference = None  # the first chunk's Polars schema: the one validated against the table
@@ -222,8 +223,10 @@ def rewrite_with_polars(
             if storage.local:  # a partition's first file: Polars makes no local folders
                 os.makedirs(os.path.dirname(output), exist_ok=True)
             sizes = [s.size for s in chunk]
-            # small sources: one GET each; many local ones in flight (object storage: not measured yet)
-            concurrency = scan_concurrency(sizes) if storage.local else contextlib.nullcontext()
+            # small sources: one GET each; many local ones in flight, as many as their decoded size
+            # allows (object storage: not measured yet)
+            decoded = [max(s.size, int(s.records * row_bytes)) for s in chunk]
+            concurrency = scan_concurrency(decoded) if storage.local else contextlib.nullcontext()
             with footer_reads(footer.serialized_size, sizes), concurrency:
                 frame.sink_parquet(output, storage_options=storage.options, **options)
             out_footer, size = _footer(io, storage, location)
@@ -244,7 +247,9 @@ def rewrite_with_polars(
             data_file.spec_id = spec_id
             written.append(data_file)
             crash_point("worker_mid_group")
-    except Exception as exc:  # noqa: BLE001 - any failure: clean up, let the per-file path decide
+    # any failure, a Polars panic too (no Exception: a user's unparsable POLARS_* value raises one):
+    # clean up, let the per-file path decide
+    except (Exception, pl.exceptions.PanicException) as exc:  # noqa: BLE001
         storage.register_secrets()  # a Polars error may quote its options; the log line must not
         log.warning("polars rewrite of %s fell back to the per-file path: %s", name, redact(str(exc).splitlines()[0]))
         for location in opened:  # only what exists: pyarrow's S3 delete leaves a folder marker behind
@@ -270,6 +275,14 @@ def read_footer(io: FileIO, location: str) -> pq.FileMetaData:
         return pq.read_metadata(local)
     with io.new_input(location).open() as stream:
         return pq.read_metadata(stream)
+
+
+def held_row_bytes(footer: pq.FileMetaData) -> float:
+    """Bytes per row a scan holds of a file like this one decoded: its uncompressed bytes per row,
+    and at least 8 per leaf column. Parquet's uncompressed sizes are after encoding: a column of
+    long runs or few distinct values stores in a few bytes what decodes to 8 per row (300 files of
+    39 KiB that decoded to 6 MiB each, 64 in flight, took a worker to 756 MiB)."""
+    return max(decoded_row_bytes(footer), 8.0 * footer.num_columns)
 
 
 def decoded_row_bytes(footer: pq.FileMetaData) -> float:

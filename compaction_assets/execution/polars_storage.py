@@ -78,19 +78,20 @@ class PolarsStorage:
 # thread count (2 and 5 on 2 cores): on thousands of tiny local files the scan then waits on one
 # file after another. Sinking the bench's "tiny" 5,000 x 11 KB files into one took 0.40 s at the
 # default and 0.31 s at 64 (median of 7, same process); "small" 500 x 0.9 MB into 4 files 0.87 s
-# and 0.82 s (peak RSS 124 -> 247 MiB). Larger sources gain nothing and cost memory: 6 MiB ones
-# at 5 in flight raised the bench's 2 GB group from 381-455 to 542 MiB peak, as fast. So: as many
-# as SCAN_BYTES_IN_FLIGHT of source bytes allow, counted at the largest source (a few large files
-# among many tiny ones could otherwise all be in flight together), at most MAX_CONCURRENT_SCANS;
-# Polars' default where that is no more than its threads.
+# and 0.82 s (peak RSS 124 -> 247 MiB). A file in flight is held decoded: 6 MiB sources at 5 in
+# flight raised the bench's 2 GB group from 381-455 to 542 MiB peak, as fast, and 39 KiB files
+# of long runs that decode to 6 MiB each, at 64 in flight, took a worker to 756 MiB (an outside
+# attack). So: as many as SCAN_BYTES_IN_FLIGHT allows of the largest source's bytes in memory
+# (the caller's estimate of its decoded size), at most MAX_CONCURRENT_SCANS; Polars' default
+# where that is no more than its threads.
 SCAN_VARIABLES = ("POLARS_MAX_CONCURRENT_SCANS", "POLARS_NUM_READERS_PRE_INIT")
 SCAN_BYTES_IN_FLIGHT = 8 * 1024 * 1024
 MAX_CONCURRENT_SCANS = 64
 
 
-def concurrent_scans(object_sizes: Sequence[int]) -> int:
-    """Sources to have in flight for sources of these sizes (bytes): SCAN_BYTES_IN_FLIGHT of the largest."""
-    largest = max(object_sizes, default=SCAN_BYTES_IN_FLIGHT)
+def concurrent_scans(held_bytes: Sequence[int]) -> int:
+    """Sources to have in flight for sources that hold these bytes in memory: SCAN_BYTES_IN_FLIGHT of the largest."""
+    largest = max(held_bytes, default=SCAN_BYTES_IN_FLIGHT)
     return max(1, min(MAX_CONCURRENT_SCANS, SCAN_BYTES_IN_FLIGHT // max(largest, 1)))
 
 
@@ -116,12 +117,12 @@ def footer_reads(footer_bytes: int, object_sizes: Sequence[int] = ()) -> Abstrac
     return polars_variables({FOOTER_READ_VARIABLE: str(max(MIN_FOOTER_READ, 2 * (footer_bytes + 8), whole))})
 
 
-def scan_concurrency(object_sizes: Sequence[int]) -> AbstractContextManager[None]:
-    """Polars' multi-scan concurrency for sources of these sizes: concurrent_scans, if that is
-    more than Polars' threads (its default)."""
+def scan_concurrency(held_bytes: Sequence[int]) -> AbstractContextManager[None]:
+    """Polars' multi-scan concurrency for sources that hold these bytes decoded: concurrent_scans,
+    if that is more than Polars' threads (its default)."""
     import polars as pl
 
-    scans = concurrent_scans(object_sizes)
+    scans = concurrent_scans(held_bytes)
     return polars_variables(dict.fromkeys(SCAN_VARIABLES, str(scans)) if scans > pl.thread_pool_size() else {})
 
 
