@@ -29,7 +29,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import click
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pyiceberg.transforms import IdentityTransform
 
@@ -112,18 +111,10 @@ def measure_s3(spark, root: Path, path: str, gib: float = 2.0, log: Callable[[st
     bytes_in = sum(p.stat().st_size for p in sources)
     try:
         with slow_s3(0.0) as s3:
-            fs = s3_dataset.filesystem(s3)
-            pafs.copy_files(str(folder / "source"), f"{s3.bucket}/memory", destination_filesystem=fs)
-            keys = sorted(i.path for i in fs.get_file_info(pafs.FileSelector(f"{s3.bucket}/memory")))
+            keys = s3_dataset.upload(s3_dataset.filesystem(s3), folder / "source", f"{s3.bucket}/memory")
             engine = s3_dataset.s3_engine(root, s3, spark)
             name = f"bench.memory_s3_{path}"
-            schema = pq.read_schema(sources[0])
-            table = engine.catalog.create_table(
-                name,
-                schema=schema,
-                properties={"write.parquet.compression-codec": datasets.CODEC, **one_group(bytes_in)},
-            )
-            table.add_files([f"s3://{k}" for k in keys])
+            s3_dataset.iceberg_table(engine, name, pq.read_schema(sources[0]), keys, one_group(bytes_in))
             return compact_group(engine, name, "s3", len(sources), bytes_in, log)
     finally:
         shutil.rmtree(folder, ignore_errors=True)

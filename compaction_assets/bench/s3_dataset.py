@@ -108,8 +108,7 @@ def compare_s3(
     timed: dict[str, list[contenders.Result]] = {}
     with slow_s3(0.0) as s3:
         fs = filesystem(s3)
-        pafs.copy_files(str(folder / "source"), f"{s3.bucket}/{SOURCE_PREFIX}", destination_filesystem=fs)
-        sources = sorted(i.path for i in fs.get_file_info(pafs.FileSelector(f"{s3.bucket}/{SOURCE_PREFIX}")))
+        sources = upload(fs, folder / "source", f"{s3.bucket}/{SOURCE_PREFIX}")
         infos = fs.get_file_info(sources)
         bytes_in = sum(i.size for i in infos)
         if len(sources) != dataset.files or bytes_in != sum(p.stat().st_size for p in local):
@@ -117,7 +116,7 @@ def compare_s3(
         engine = s3_engine(root, s3, spark)
         for k in range(repeats):
             table_name = f"bench.s3_{k}"
-            _iceberg_table(engine, table_name, pq.read_schema(local[0]), [f"s3://{p}" for p in sources])
+            iceberg_table(engine, table_name, pq.read_schema(local[0]), sources)
             delta_uri = _delta_table(s3, fs, sources, f"delta-{k}")
             out = f"{s3.bucket}/pyarrow-{k}"
             for contender in (
@@ -134,10 +133,19 @@ def compare_s3(
     return bytes_in, timed
 
 
-def _iceberg_table(engine: Engine, name: str, schema: pa.Schema, sources: list[str]) -> None:
-    """An unpartitioned Iceberg table in the bucket over the source objects (pyiceberg add_files)."""
-    table = engine.catalog.create_table(name, schema=schema, properties={"write.parquet.compression-codec": CODEC})
-    table.add_files(sources)
+def upload(fs: pafs.S3FileSystem, folder: Path, destination: str) -> list[str]:
+    """Copy `folder`'s files to `destination` (bucket/prefix); the objects there, sorted."""
+    pafs.copy_files(str(folder), destination, destination_filesystem=fs)
+    return sorted(i.path for i in fs.get_file_info(pafs.FileSelector(destination)))
+
+
+def iceberg_table(
+    engine: Engine, name: str, schema: pa.Schema, sources: list[str], properties: dict[str, str] | None = None
+) -> None:
+    """An unpartitioned Iceberg table in the bucket over the source objects (bucket/key; pyiceberg add_files)."""
+    props = {"write.parquet.compression-codec": CODEC, **(properties or {})}
+    table = engine.catalog.create_table(name, schema=schema, properties=props)
+    table.add_files([f"s3://{p}" for p in sources])
 
 
 def _delta_table(s3: LocalS3, fs: pafs.S3FileSystem, sources: list[str], prefix: str) -> str:
