@@ -13,11 +13,13 @@ Protocol: an EXECUTING ledger attempt (kind rewrite-manifests, partition "", sou
 manifests replaced) writes the new manifests into the metadata folder named after the attempt
 (so GC's orphan cleanup leaves them alone while it is open), then PREPARED (results: the new
 manifests), then one `replace` snapshot tagged with the task and attempt ids, then COMMITTED.
-The snapshot is made only if every replaced manifest is still in the head it lands on; manifests
-a concurrent commit added are kept as they are (pyiceberg's retries rebuild the manifest list on
-each new head). A concurrent commit that replaced one of them (a compaction, a delete) makes the
-attempt roll back (its manifests deleted: its commit did not land) and the rewrite is planned
-again on the new head. Recovery never recommits a manifest rewrite: committed if a snapshot
+The snapshot is made only if the head it lands on descends from the snapshot the rewrite was
+planned on (two_phase.base_history: main rolled back since makes it back off, as every attempt
+does) and every replaced manifest is still in that head; manifests a concurrent commit added are
+kept as they are (pyiceberg's retries rebuild the manifest list on each new head). A concurrent
+commit that replaced one of them (a compaction, a delete), or a rollback, makes the attempt roll
+back (its manifests deleted: its commit did not land) and the rewrite is planned again on the new
+head. Recovery never recommits a manifest rewrite: committed if a snapshot
 carries it or references one of its manifests, else rolled back, its manifests left in place (the
 next plan redoes it). A process recovery took for dead may still commit them; it checks the
 attempt is still PREPARED right before its commit, but recovery can step in after that check, so
@@ -59,6 +61,7 @@ from compaction_assets.commit.two_phase import (
     ATTEMPT_ID_PROPERTY,
     TASK_ID_PROPERTY,
     abandon,
+    base_history,
     commit_snapshot,
     confirm_committed,
     roll_back,
@@ -200,7 +203,7 @@ def _run(
         try:
             txn = table.transaction()
             properties = {TASK_ID_PROPERTY: attempt.task_id, ATTEMPT_ID_PROPERTY: attempt.attempt_id}
-            producer = _RewriteManifests(txn, table.io, properties)
+            producer = _RewriteManifests(txn, table.io, properties, snapshot.snapshot_id)
             written = write_outputs(table, outputs, producer.snapshot_id, attempt.attempt_id)
             producer.replace(replaced, written, entries)
             ledger.prepare(
@@ -358,13 +361,17 @@ def committed_by_manifests(table: Table, attempt: Attempt) -> int | None:
 class _RewriteManifests(_SnapshotProducer["_RewriteManifests"]):
     """A `replace` snapshot whose manifest list is the head's with the replaced manifests swapped
     for the written ones (Java's BaseRewriteManifests); made again on each of pyiceberg's commit
-    retries with the new head as parent. Raises ValidationException if a replaced manifest is not
-    in that head (a concurrent commit replaced it)."""
+    retries with the new head as parent. Raises ValidationException if that head does not descend
+    from the snapshot the rewrite was planned on (two_phase.base_history: main rolled back since),
+    or a replaced manifest is not in it (a concurrent commit replaced it)."""
 
-    def __init__(self, transaction: Transaction, io: FileIO, snapshot_properties: dict[str, str]) -> None:
+    def __init__(
+        self, transaction: Transaction, io: FileIO, snapshot_properties: dict[str, str], base_snapshot_id: int
+    ) -> None:
         super().__init__(
             operation=Operation.REPLACE, transaction=transaction, io=io, snapshot_properties=snapshot_properties
         )
+        self._base_snapshot_id = base_snapshot_id
         self._replaced: frozenset[str] = frozenset()
         self._written: list[ManifestFile] = []
         self._entries = 0
@@ -386,6 +393,7 @@ class _RewriteManifests(_SnapshotProducer["_RewriteManifests"]):
 
     def _manifests(self) -> list[ManifestFile]:
         metadata = self._transaction.table_metadata
+        base_history(metadata, self._base_snapshot_id, self._parent_snapshot_id)
         parent = metadata.snapshot_by_id(self._parent_snapshot_id) if self._parent_snapshot_id is not None else None
         current = parent.manifests(self._io) if parent is not None else []
         if missing := self._replaced - {m.manifest_path for m in current}:

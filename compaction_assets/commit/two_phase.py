@@ -3,8 +3,10 @@
 Precommit (engine): every result file is durable and the ledger row is PREPARED with the exact
 DataFile list. Commit (here): one Iceberg `replace` snapshot that deletes the sources and adds the
 results of one or more attempts of a table, tagged with their task and attempt ids, made only if
-every source is still live and no position delete that can apply to one was added since the
-attempt's base snapshot (Java's RewriteFiles); then COMMITTED.
+the head descends from every attempt's base snapshot (base_history: a rollback of main since the
+plan makes any attempt back off, delete-file tiers and manifest rewrites too), every source is still
+live and no position delete that can apply to one was added since the attempt's base snapshot
+(Java's RewriteFiles); then COMMITTED.
 A commit that gives way deletes the attempt's own files and ends ROLLED_BACK.
 
 A data expiration (kind `expire`) changes the table's content, so its snapshot is no `replace`
@@ -163,9 +165,11 @@ def commit_together(
     unsettled attempts is unknown and they stay PREPARED for recovery).
 
     Each try starts from the catalog's current state: an attempt a snapshot already carries (a
-    concurrent recovery committed it) is confirmed; one whose sources are no longer live, or that
-    a position delete added after its base snapshot can apply to, or that replaces an equality
-    delete still applying to a live data file it did not cover, rolls back alone. The same checks
+    concurrent recovery committed it) is confirmed; one whose sources are no longer live, or whose
+    base snapshot is no ancestor of the head (base_history: main rolled back or set to another
+    snapshot since the plan), or that a position delete added after its base snapshot can apply
+    to, or that replaces an equality delete still applying to a live data file it did not cover,
+    rolls back alone. The same checks
     run again inside every commit try, pyiceberg's own retries included (_RewriteFiles); appends
     and equality deletes do not conflict (results take their base's data sequence number).
 
@@ -195,12 +199,13 @@ def commit_together(
         live = {f.path: f for f in live_files(table)}
         head = table.current_snapshot()
         head_id = head.snapshot_id if head else None
+        history = KeyDefaultDict(lambda base, head_id=head_id: base_history(table.metadata, base, head_id))
         added_since = KeyDefaultDict(
-            lambda base, head_id=head_id: _deletes_added_since(table.metadata, table.io, base, head_id)
+            lambda base, history=history: _deletes_added_since(table.metadata, table.io, base, history[base])
         )
         global_specs = global_spec_ids(table.metadata.specs().values())
         for attempt in list(pending):
-            if reason := _conflict(attempt, live, added_since, global_specs):
+            if reason := _conflict(attempt, live, history, added_since, global_specs):
                 settle(attempt, lambda a=attempt, r=reason: roll_back(table, ledger, a, r))
         if not pending:
             return
@@ -226,6 +231,7 @@ def commit_together(
 def _conflict(
     attempt: Attempt,
     live: dict[str, LiveFile],
+    history: Mapping[int | None, list[Snapshot]],
     added_since: Mapping[int | None, list[DataFile]],
     global_specs: frozenset[int],
 ) -> str | None:
@@ -236,6 +242,10 @@ def _conflict(
             f"{len(missing)} of {len(attempt.source_files)} source file(s) are no longer live "
             f"(e.g. {missing[0]}): a concurrent change replaced them"
         )
+    try:
+        history[attempt.base_snapshot_id]  # every kind: the head must descend from the base (base_history)
+    except ValidationException as exc:
+        return str(exc)
     replaced = [live[p] for p in attempt.source_files]
     if data := [f.data_file for f in replaced if not f.is_delete]:
         try:
@@ -249,15 +259,52 @@ def _conflict(
     return _uncovered(replaced, data_files, attempt.covered_files, global_specs)
 
 
-def _deletes_added_since(
-    metadata: TableMetadata, io: FileIO, base_snapshot_id: int | None, head_snapshot_id: int | None
-) -> list[DataFile]:
-    """The delete files the snapshots after the base, up to and including the head, added: the
-    ADDED entries of the delete manifests each of them wrote (as Java's MergingSnapshotProducer
-    validationHistory reads them).
+def base_history(metadata: TableMetadata, base_snapshot_id: int | None, head_snapshot_id: int | None) -> list[Snapshot]:
+    """The snapshots committed after the base on the head's line of history, newest first: the head
+    and its ancestors down to the base's child (Java's SnapshotUtil.ancestorsBetween). Every attempt,
+    whatever it replaces (data files, delete files, manifests), commits only on a head this can be
+    read for: its plan, result files and checks hold for the base's state and what came after it,
+    never for another line of history.
 
-    Raises ValidationException when that history cannot be read: no base recorded, the base
-    expired, or the base is no ancestor of the head (a rollback, or snapshots between expired).
+    Raises ValidationException when no base is recorded, when the base is no ancestor of the head
+    (main rolled back, or set to another snapshot, since the plan: the head may hold files the base
+    did not, whose deletes the attempt dropped), or when that cannot be told (a snapshot between them
+    expired: pyiceberg's expiry clears the parent id of its child, Java's leaves it dangling). The
+    base itself may be expired as long as its child still names it as parent (Java's
+    MergingSnapshotProducer.validationHistory).
+    """
+    if base_snapshot_id is None:
+        raise ValidationException("no base snapshot recorded: cannot tell what changed since the plan")
+    by_id = {s.snapshot_id: s for s in metadata.snapshots}
+    history: list[Snapshot] = []
+    snapshot_id = head_snapshot_id
+    while snapshot_id != base_snapshot_id:
+        if snapshot_id is None:
+            raise ValidationException(
+                f"base snapshot {base_snapshot_id} is no ancestor of the head {head_snapshot_id} in the table's "
+                "history: main was rolled back or set to another snapshot since the plan (or the snapshots "
+                "between them expired), so the plan does not hold for the head"
+            )
+        snapshot = by_id.get(snapshot_id)
+        if snapshot is None:
+            raise ValidationException(
+                f"cannot read the history from base snapshot {base_snapshot_id} to head {head_snapshot_id}: "
+                f"snapshot {snapshot_id} is missing (history expired): cannot tell the base is an ancestor of the head"
+            )
+        history.append(snapshot)
+        snapshot_id = snapshot.parent_snapshot_id
+    return history
+
+
+def _deletes_added_since(
+    metadata: TableMetadata, io: FileIO, base_snapshot_id: int | None, history: Sequence[Snapshot]
+) -> list[DataFile]:
+    """The delete files the snapshots of `history` (base_history: after the base, up to and
+    including the head) added: the ADDED entries of the delete manifests each of them wrote (as
+    Java's MergingSnapshotProducer validationHistory reads them).
+
+    Raises ValidationException when the base is not in the table's metadata (a data rewrite's
+    results take its data sequence number).
     """
     if base_snapshot_id is None or metadata.snapshot_by_id(base_snapshot_id) is None:
         raise ValidationException(
@@ -265,14 +312,7 @@ def _deletes_added_since(
             "cannot tell which delete files were added since"
         )
     added: list[DataFile] = []
-    snapshot_id = head_snapshot_id
-    while snapshot_id != base_snapshot_id:
-        snapshot = metadata.snapshot_by_id(snapshot_id) if snapshot_id is not None else None
-        if snapshot is None:
-            raise ValidationException(
-                f"cannot read the history from base snapshot {base_snapshot_id} to head {head_snapshot_id}: "
-                f"snapshot {snapshot_id} is missing (the base is no ancestor of the head, or history expired)"
-            )
+    for snapshot in history:
         for manifest in [] if _only_appends_data(snapshot) else snapshot.manifests(io):
             if manifest.content == ManifestContent.DELETES and manifest.added_snapshot_id == snapshot.snapshot_id:
                 added.extend(
@@ -280,7 +320,6 @@ def _deletes_added_since(
                     for e in live_entries(manifest, io)
                     if e.status == ManifestEntryStatus.ADDED and e.snapshot_id == snapshot.snapshot_id
                 )
-        snapshot_id = snapshot.parent_snapshot_id
     return added
 
 
@@ -400,7 +439,8 @@ class _RewriteFiles(_OverwriteFiles):
     released).
 
     Validation, on every commit try (pyiceberg calls `_manifests` again on each of its retries,
-    with the refreshed head as parent): every replaced file, data or delete, is live in the parent;
+    with the refreshed head as parent): the parent descends from every attempt's base (base_history);
+    every replaced file, data or delete, is live in the parent;
     no position delete file that can apply to a replaced data file (lake.deletes) was added after
     its attempt's base snapshot; no replaced equality delete applies to a data file its attempt
     did not cover (_uncovered). Rows appended concurrently are no conflict (pyiceberg's own
@@ -525,13 +565,15 @@ class _RewriteFiles(_OverwriteFiles):
             self.partition_filters[spec_id] = Or(self.partition_filters[spec_id], *matches)
 
     def _validate_no_new_deletes(self) -> None:
-        """Raise ValidationException if a position delete added after an attempt's base can apply
-        to one of the data files it replaces (the parent is the head this try commits on)."""
+        """Raise ValidationException if the parent (the head this try commits on) does not descend
+        from an attempt's base (base_history: every attempt, delete-file tiers too), or a position
+        delete added after the base can apply to one of the data files it replaces."""
         metadata = self._transaction.table_metadata
         for rewrite in self._rewrites:
+            history = base_history(metadata, rewrite.base_snapshot_id, self._parent_snapshot_id)
             if not (replaced := rewrite.replaced_data):
                 continue
-            added = _deletes_added_since(metadata, self._io, rewrite.base_snapshot_id, self._parent_snapshot_id)
+            added = _deletes_added_since(metadata, self._io, rewrite.base_snapshot_id, history)
             results = [f for f in rewrite.added if f.content == DataFileContent.DATA]
             if reason := _delete_conflict(replaced, added, self._global_specs, results):
                 raise ValidationException(reason)
