@@ -370,11 +370,13 @@ class Ledger:
         return {d["file_path"] for files in last.values() for d in files or ()}
 
     def open_claims(self, table_name: str) -> Claims:
-        """The files the table's open attempts own (sources, results, and names they write under)."""
+        """The files the table's open attempts own (sources, results, and names they write under),
+        and when the oldest of them began."""
         attempts = self.attempts(statuses=OPEN, table_name=table_name)
         paths = {p for a in attempts for p in a.source_files}
         paths |= {d["file_path"] for a in attempts for d in a.result_files}
-        return Claims(frozenset(paths), tuple(a.attempt_id for a in attempts))
+        oldest = min((int(a.created_at.timestamp() * 1000) for a in attempts), default=None)
+        return Claims(frozenset(paths), tuple(a.attempt_id for a in attempts), oldest)
 
     def counts(self) -> dict[str, int]:
         with Session(self._engine) as session:

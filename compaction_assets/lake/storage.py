@@ -224,10 +224,14 @@ def reachable(io: FileIO, snapshots: Iterable[Snapshot]) -> set[str]:
 
 @dataclass(frozen=True)
 class Claims:
-    """What open task attempts own: files they read or wrote, and the name prefixes of files they write."""
+    """What open task attempts own: files they read or wrote, and the name prefixes of files they
+    write; and when the oldest of them began (epoch ms; None: no attempt open). Their commits also
+    write files named by pyiceberg (manifests, manifest lists), which only that time can protect
+    (maintenance/gc.py)."""
 
     paths: frozenset[str] = frozenset()
     prefixes: tuple[str, ...] = ()
+    oldest_start_ms: int | None = None
     _set: PathSet = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -236,6 +240,12 @@ class Claims:
     def covers(self, path: str) -> bool:
         name = path.rsplit("/", 1)[-1]
         return any(name.startswith(p) for p in self.prefixes) or path in self._set
+
+    def __or__(self, other: Claims) -> Claims:
+        """What either claims (the open attempts read at two moments); the older start."""
+        starts = [s for s in (self.oldest_start_ms, other.oldest_start_ms) if s is not None]
+        prefixes = tuple(dict.fromkeys([*self.prefixes, *other.prefixes]))
+        return Claims(self.paths | other.paths, prefixes, min(starts, default=None))
 
 
 def delete_unreferenced(table: Table, paths: Iterable[str], claims: Claims) -> int:

@@ -6,8 +6,15 @@ them later, once no retained snapshot and no in-flight task needs them.
 2. Delete files (data files, manifests, manifest lists) reachable only from expired snapshots.
 3. Delete orphans: data and manifest files under the table location that no snapshot references,
    that are no statistics file of the table metadata, and that no open task attempt owns, older
-   than the grace period (a writer may be about to commit a newer one).
-Nothing an open attempt claims (files it reads or writes) is deleted in 2 or 3. Paths are compared
+   than the grace period (a writer may be about to commit a newer one) and, while an attempt of
+   ours is open, than its start (see orphan_cutoff_ms): Java's DeleteOrphanFiles `olderThan`,
+   never later than what is in flight.
+Nothing an open attempt claims (files it reads or writes) is deleted in 2 or 3, nor anything its
+commit may write: the manifests and manifest list pyiceberg names for it, written between its
+check and the catalog's pointer swap, are younger than the attempt. The open attempts are read
+again after the files are listed: an attempt whose commit wrote a listed file is then still open
+(its files are younger than its start), or it ended: committed (the catalog, read again right
+before deleting, references the files) or rolled back (they are garbage). Paths are compared
 by file identity, not spelling (lake.storage: `/a`, `file:/a`, `file:///a` are one file). Any path
 outside the table's own location, or matching a referenced one but for scheme or authority, is
 refused before anything is expired or deleted; deletion itself goes through
@@ -30,6 +37,7 @@ from compaction_assets.config import GcConfig
 from compaction_assets.errors import CompactionError, ConfigError
 from compaction_assets.faults import crash_point
 from compaction_assets.lake.storage import (
+    Claims,
     OutsideTableLocation,
     PathSet,
     PrefixMismatch,
@@ -47,6 +55,9 @@ MAX_AGE_PROPERTY = "history.expire.max-snapshot-age-ms"  # Iceberg's own names
 MIN_KEEP_PROPERTY = "history.expire.min-snapshots-to-keep"
 GRACE_PROPERTY = "compaction.gc.orphan-grace-ms"
 ORPHAN_SUFFIXES = (".parquet", ".avro", ".orc")  # never metadata.json, version hints or stats
+# Clock skew allowed between the host that recorded an attempt's start and the storage's mtimes:
+# S3 refuses requests signed more than 15 minutes off its clock, and keeps whole seconds.
+IN_FLIGHT_SKEW_MS = 15 * 60 * 1000
 
 
 @dataclass(frozen=True)
@@ -95,7 +106,8 @@ def collect_garbage(
     """Expire, then delete expired-only files and orphans (see the module docstring).
 
     The open attempts are read before the table is (re)read: an attempt that commits in between
-    has its files in the table read, not taken for orphans. Raises OutsideTableLocation or
+    has its files in the table read, not taken for orphans; and again after the listing (see the
+    module docstring). Raises OutsideTableLocation or
     PrefixMismatch, before anything is expired or deleted, for a path it must not or cannot judge.
     """
     name = ".".join(table.name())
@@ -115,7 +127,8 @@ def collect_garbage(
     expired_paths = reachable(table, expired)
     retained, referenced = PathSet(retained_paths), PathSet([*retained_paths, *expired_paths])
     listed = table_files(location, ORPHAN_SUFFIXES, table.io)
-    older_than_ms = now_ms - policy.orphan_grace_ms
+    claims |= ledger.open_claims(name)  # after the listing: an attempt that wrote a listed file began before
+    older_than_ms = orphan_cutoff_ms(now_ms, policy.orphan_grace_ms, claims)
     try:
         expired_only = sorted(p for p in expired_paths if p not in retained and not claims.covers(p))
         orphans = sorted(  # files of expired snapshots are not orphans: counted once, above
@@ -144,6 +157,16 @@ def collect_garbage(
     crash_point("gc_after_expire")
     delete_unreferenced(table, [*expired_only, *orphans], claims)
     return report
+
+
+def orphan_cutoff_ms(now_ms: int, grace_ms: int, claims: Claims) -> int:
+    """Files modified before this (epoch ms) may be orphans: the grace period's start or, while an
+    attempt of ours is open, IN_FLIGHT_SKEW_MS before the oldest one began, whichever is earlier.
+    A file its commit writes is younger than its start by the storage's clock as long as that is
+    within the margin of the clock that recorded the start (the attempt's host)."""
+    if claims.oldest_start_ms is None:
+        return now_ms - grace_ms
+    return min(now_ms - grace_ms, claims.oldest_start_ms - IN_FLIGHT_SKEW_MS)
 
 
 class RefsMoved(CompactionError):
