@@ -14,8 +14,10 @@ import time
 import uuid
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from typing import Any
 
 from pyiceberg.catalog import Catalog
+from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 from pyiceberg.table.locations import load_location_provider
 from pyspark.sql import SparkSession
@@ -46,9 +48,10 @@ from compaction_assets.gc_pause import gc_paused
 from compaction_assets.lake.catalog import load_table, open_catalog
 from compaction_assets.lake.clustering import clustering_of, file_column_names, sort_keys
 from compaction_assets.lake.datafile_codec import datafile_to_json, encode_partition
-from compaction_assets.lake.deletes import global_spec_ids
-from compaction_assets.lake.features import manifest_refusal, refusal
+from compaction_assets.lake.deletes import global_spec_ids, is_deletion_vector, referenced_data_file
+from compaction_assets.lake.features import manifest_refusal, refusal, tier_refusal
 from compaction_assets.lake.files import LiveFile, live_files
+from compaction_assets.lake.manifest_io import CONTENT_OFFSET, CONTENT_SIZE_IN_BYTES, MIN_LINEAGE_VERSION, v3_field
 from compaction_assets.maintenance.gc import GcPolicy, GcReport, collect_garbage
 from compaction_assets.planning.expiration import ExpireRule, expire_rule
 from compaction_assets.planning.manifests import ManifestPlan, plan_manifests
@@ -327,6 +330,7 @@ class Engine:
             expire=expire,
             clustering=clustering,
             clustered=clustered,
+            tiers_refused=tier_refusal(table),
         )
         top_level = {f.field_id for f in table.schema().fields}
         plans = [_unappliable(p, deletes, top_level) for p in plans]
@@ -505,6 +509,7 @@ class Engine:
         groups: list[GroupSpec] = []
         clustering = tplan.clustering
         sorting = clustering is not None and any(p.kind in SORTED_KINDS for p in todo)
+        lineage = table.metadata.format_version >= MIN_LINEAGE_VERSION  # rows keep _row_id and their sequence numbers
         for plan in todo:
             # an old-spec rewrite writes a folder per partition of the current spec below the data
             # folder, streaming (unsorted)
@@ -529,7 +534,7 @@ class Engine:
             work.append(item)
             for group in plan.groups:
                 first = files[group.paths[0]].data_file
-                sources, delete_specs = _sources(group, files, tplan.deletes)
+                sources, delete_specs = _sources(group, files, tplan.deletes, lineage)
                 item.groups.append(len(groups))
                 item.deletes.update(d.path for d in delete_specs)
                 groups.append(
@@ -543,6 +548,7 @@ class Engine:
                         # the Polars path applies no deletes and no expiration, writes a source file
                         # into one output, and does not split rows by partition
                         polars=not delete_specs
+                        and not lineage
                         and expiry is None
                         and plan.kind != Kind.SPLIT
                         and not repartition
@@ -563,6 +569,7 @@ class Engine:
             sort_columns=sort_keys(table) if sorting and not clustering.zorder else [],
             zorder_columns=file_column_names(table, clustering) if sorting and clustering.zorder else [],
             sort_budget_bytes=tplan.policy.sort_memory_bytes,
+            row_lineage=lineage,
         )
 
     def _prepare(self, table: Table, item: _Work, results: list[GroupOutcome]) -> PartitionOutcome:
@@ -753,19 +760,22 @@ def _skipped(table_name: str, plan: PartitionPlan, reason: str = "") -> Partitio
 
 
 def _sources(
-    group: FileGroup, files: dict[str, LiveFile], deletes: DeleteMap
+    group: FileGroup, files: dict[str, LiveFile], deletes: DeleteMap, lineage: bool = False
 ) -> tuple[list[SourceFile], list[DeleteSpec]]:
-    """A group's sources and the distinct delete files applying to them (by path); each source
-    lists the indices of the ones that apply to it (the spec's rule, decided here for the worker)."""
+    """A group's sources and the distinct delete files applying to them (by LiveFile.path: a
+    deletion vector is one of its Puffin file's blobs); each source lists the indices of the ones
+    that apply to it (the spec's rule, decided here for the worker). `lineage`: sources carry what
+    their rows' lineage inherits (format version 3)."""
     applying = deletes.distinct(group.paths)
     index = {d.path: i for i, d in enumerate(applying)}
     specs = [
         DeleteSpec(
-            path=d.path,
+            path=d.data_file.file_path,
             content=int(d.data_file.content),
             size=d.size,
             records=d.record_count,
             equality_ids=list(d.data_file.equality_ids) if d.data_file.equality_ids else None,
+            **_deletion_vector(d.data_file),
         )
         for d in applying
     ]
@@ -775,8 +785,23 @@ def _sources(
         applying_p = deletes.for_data(p)
         if (listed := indices.get(id(applying_p))) is None:
             listed = indices[id(applying_p)] = [index[d.path] for d in applying_p]
-        sources.append(SourceFile(p, files[p].size, files[p].record_count, listed))
+        f = files[p]
+        if lineage:
+            sources.append(SourceFile(p, f.size, f.record_count, listed, f.first_row_id, f.file_sequence_number))
+        else:
+            sources.append(SourceFile(p, f.size, f.record_count, listed))
     return sources, specs
+
+
+def _deletion_vector(delete_file: DataFile) -> dict[str, Any]:
+    """Where a deletion vector's blob is and which data file it deletes from ({} for other files)."""
+    if not is_deletion_vector(delete_file):
+        return {}
+    return {
+        "content_offset": v3_field(delete_file, CONTENT_OFFSET),
+        "content_size_in_bytes": v3_field(delete_file, CONTENT_SIZE_IN_BYTES),
+        "referenced_data_file": referenced_data_file(delete_file),
+    }
 
 
 def _task_id(task_id: str | None, partitions: int, plan: PartitionPlan) -> str:

@@ -187,9 +187,11 @@ def test_partition_source_column_dropped_between_prepare_and_commit(lake, monkey
 @pytest.mark.parametrize("when", ["after_prepare", "inside_the_commit"])
 def test_a_table_upgraded_to_v3_before_the_commit_backs_off(lake, monkeypatch, when):
     """Another engine upgrades the table to format version 3 while the rewrite runs, or while the
-    commit runs. pyiceberg 0.12 cannot commit to it (ValueError), which is no commit conflict: the
-    attempt stayed PREPARED, and every commit of it (recovery's) failed the same way until parked.
-    The commit now checks on every try what planning checks: it backs off with the v3 reason."""
+    commit runs. The rewrite was planned for a v2 table: its results hold no row lineage, so
+    committing them would give the rows new row ids. The commit checks on every try that a v3
+    table's results carry row lineage: it backs off with that reason (inside the commit, the
+    catalog refuses the v2 snapshot first, pyiceberg's ValueError, no commit conflict: recovery
+    settles it, and backs off)."""
     table = create_fragmented(lake, "ns.t", {"eu": 10})
     expected = rows(table)
     if when == "after_prepare":
@@ -216,6 +218,6 @@ def test_a_table_upgraded_to_v3_before_the_commit_backs_off(lake, monkeypatch, w
         outcome.reason = lake.engine.ledger.attempts()[0].reason
     else:
         assert outcome.status == "backed_off", outcome.reason
-    assert "format-version 3 tables are not compacted" in outcome.reason
+    assert "holds no row lineage" in outcome.reason and "upgraded after the plan" in outcome.reason
     assert [a.status for a in lake.engine.ledger.attempts()] == [Status.ROLLED_BACK]
     assert rows(lake.table("ns.t")) == expected

@@ -50,6 +50,7 @@ from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table, TableProperties, Transaction
 from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.refs import SnapshotRefType
 from pyiceberg.table.snapshots import (
     ADDED_DATA_FILES,
     ADDED_DELETE_FILES,
@@ -63,6 +64,7 @@ from pyiceberg.table.snapshots import (
     REMOVED_DELETE_FILES,
     REMOVED_EQUALITY_DELETES,
     REMOVED_FILE_SIZE,
+    REMOVED_POSITION_DELETE_FILES,
     REMOVED_POSITION_DELETES,
     TOTAL_DATA_FILES,
     TOTAL_DELETE_FILES,
@@ -75,7 +77,12 @@ from pyiceberg.table.snapshots import (
     SnapshotSummaryCollector,
     Summary,
 )
-from pyiceberg.table.update.snapshot import _ManifestMergeManager, _OverwriteFiles  # pyiceberg 0.12 private
+from pyiceberg.table.update import AddSnapshotUpdate, AssertRefSnapshotId, SetSnapshotRefUpdate, UpdatesAndRequirements
+from pyiceberg.table.update.snapshot import (  # pyiceberg 0.12 private
+    _ManifestMergeManager,
+    _new_manifest_list_file_name,
+    _OverwriteFiles,
+)
 from pyiceberg.typedef import EMPTY_DICT, KeyDefaultDict, Record
 from pyiceberg.utils.concurrent import ExecutorFactory
 from pyiceberg.utils.properties import property_as_bool, property_as_int
@@ -90,19 +97,36 @@ from compaction_assets.lake.deletes import (
     ApplyingDeletes,
     DeleteIndex,
     SequencedFile,
+    file_key,
     global_spec_ids,
+    is_deletion_vector,
     referenced_data_file,
 )
 from compaction_assets.lake.features import refusal
 from compaction_assets.lake.files import LiveFile, live_files, partition_key
 from compaction_assets.lake.manifest_cache import forget, live_entries, manifest_contents
-from compaction_assets.lake.manifest_io import ManifestContents, partition_schema, write_restated
+from compaction_assets.lake.manifest_io import (
+    CONTENT_SIZE_IN_BYTES,
+    MANIFEST_FIRST_ROW_ID,
+    MIN_LINEAGE_VERSION,
+    ManifestContents,
+    ManifestListWriterV3,
+    ManifestWriterV3,
+    holds_row_lineage,
+    partition_schema,
+    read_entries,
+    snapshot_manifests,
+    v3_field,
+    with_first_row_ids,
+    write_restated,
+)
 from compaction_assets.lake.partition_key import partition_id
 from compaction_assets.lake.storage import PathSet, delete_unreferenced, files_with_prefix
 from compaction_assets.planning.planner import Kind
 
 log = logging.getLogger("compaction_assets")
 _UNREAD = ManifestContents((), None, ())
+REMOVED_DVS = "removed-dvs"  # Java's snapshot summary (format version 3); pyiceberg 0.12 has no such key
 TASK_ID_PROPERTY = "compaction.task-id"
 ATTEMPT_ID_PROPERTY = "compaction.attempt-id"
 
@@ -205,7 +229,7 @@ def commit_together(
         )
         global_specs = global_spec_ids(table.metadata.specs().values())
         for attempt in list(pending):
-            if reason := _conflict(attempt, live, history, added_since, global_specs):
+            if reason := _conflict(attempt, live, history, added_since, global_specs, table.format_version):
                 settle(attempt, lambda a=attempt, r=reason: roll_back(table, ledger, a, r))
         if not pending:
             return
@@ -234,8 +258,13 @@ def _conflict(
     history: Mapping[int | None, list[Snapshot]],
     added_since: Mapping[int | None, list[DataFile]],
     global_specs: frozenset[int],
+    format_version: int = 2,
 ) -> str | None:
-    """Why the attempt cannot commit on the current head, or None."""
+    """Why the attempt cannot commit on the current head (of a table of `format_version`), or None."""
+    written = [datafile_from_json(d) for d in attempt.result_files]
+    if reason := _format_conflict(written, format_version):
+        return reason
+    results = [f for f in written if f.content == DataFileContent.DATA]
     missing = [p for p in attempt.source_files if p not in live]
     if missing:
         return (
@@ -252,11 +281,31 @@ def _conflict(
             added = added_since[attempt.base_snapshot_id]
         except ValidationException as exc:
             return str(exc)
-        results = [datafile_from_json(d) for d in attempt.result_files if d["content"] == DataFileContent.DATA]
         if reason := _delete_conflict(data, added, global_specs, results):
             return reason
     data_files = [f for f in live.values() if not f.is_delete]
     return _uncovered(replaced, data_files, attempt.covered_files, global_specs)
+
+
+def _format_conflict(results: Sequence[DataFile], format_version: int) -> str | None:
+    """Why an attempt's results cannot be added to a table of `format_version`, or None: in a
+    format-version-3 table (upgraded after the plan), data files written without row lineage (the
+    rows would get new row ids and sequence numbers) and position-delete files (v3 takes deletion
+    vectors only)."""
+    if format_version < MIN_LINEAGE_VERSION:
+        return None
+    if positional := [f for f in results if f.content == DataFileContent.POSITION_DELETES]:
+        return (
+            f"the table is format version {format_version}, which takes no position-delete file such as "
+            f"{positional[0].file_path}: the table was upgraded after the plan"
+        )
+    if bare := [f for f in results if f.content == DataFileContent.DATA and not holds_row_lineage(f)]:
+        return (
+            f"the table is format version {format_version} but result file {bare[0].file_path} holds no row "
+            "lineage (_row_id, _last_updated_sequence_number): the table was upgraded after the plan, and "
+            "committing would give its rows new row ids"
+        )
+    return None
 
 
 def base_history(metadata: TableMetadata, base_snapshot_id: int | None, head_snapshot_id: int | None) -> list[Snapshot]:
@@ -408,7 +457,8 @@ class _Sequenced:
 
     @property
     def path(self) -> str:
-        return self.data_file.file_path
+        """What tells it from other live files (lake.deletes.file_key: a deletion vector is a blob)."""
+        return file_key(self.data_file)
 
     @property
     def is_delete(self) -> bool:
@@ -472,6 +522,15 @@ class _RewriteFiles(_OverwriteFiles):
     manifests again was 0.9 s and encoding the DELETED entries 0.3 s of a 1.2 s commit.
 
     Summary: computed here, since pyiceberg 0.12's update_snapshot_summaries refuses `replace`.
+
+    Format version 3 (pyiceberg 0.12 writes no v3 manifest, manifest list or snapshot: no public API
+    does): manifests are written by manifest_io.ManifestWriterV3, entries written again (restated,
+    merged) carry their data files' first_row_id as readers inherit it, so rows keep their ids; the
+    manifest list (manifest_io.ManifestListWriterV3) assigns new row ids to the data manifests this
+    snapshot wrote, and the snapshot records first-row-id and added-rows (_commit). A deletion vector
+    is one blob of a Puffin file many share: removed by its key (lake.deletes.file_key), dangling once
+    its data file is replaced, counted as Java does (`removed-dvs`). Results must hold row lineage
+    (_format_conflict: a table upgraded after the plan makes the attempt back off).
     """
 
     def __init__(
@@ -488,6 +547,9 @@ class _RewriteFiles(_OverwriteFiles):
         self._dangling: list[DataFile] = []  # this try's
         self._global_specs = global_spec_ids(transaction.table_metadata.specs().values())
         self._scanned: list[tuple[ManifestFile, ManifestContents, list[int]]] = []  # this try's
+        # format version 3 (this try's metadata, see _commit): row lineage kept (first_row_id), v3
+        # manifests and manifest list written
+        self._lineage = transaction.table_metadata.format_version >= MIN_LINEAGE_VERSION
         for rewrite in rewrites:
             for data_file in rewrite.replaced:
                 self.delete_data_file(data_file)
@@ -532,7 +594,11 @@ class _RewriteFiles(_OverwriteFiles):
         )
 
     def new_manifest_writer(self, spec: PartitionSpec) -> ManifestWriter:
-        """pyiceberg's, with the partition typed by _spec_schema (its merge writes through this too)."""
+        """pyiceberg's, with the partition typed by _spec_schema (its merge writes through this too);
+        format version 3: manifest_io.ManifestWriterV3 (pyiceberg 0.12 writes no v3 manifest)."""
+        if self._lineage:
+            schema, output = self._spec_schema(spec.spec_id), self.new_manifest_output()
+            return ManifestWriterV3(spec, schema, output, self._snapshot_id, self._compression)
         return write_manifest(
             format_version=self._transaction.table_metadata.format_version,
             spec=spec,
@@ -548,7 +614,65 @@ class _RewriteFiles(_OverwriteFiles):
         if content == ManifestContent.DATA:
             return self.new_manifest_writer(spec)
         schema, output = self._spec_schema(spec.spec_id), self.new_manifest_output()
+        if self._lineage:
+            return ManifestWriterV3(spec, schema, output, self._snapshot_id, self._compression, content)
         return _DeleteManifestWriter(spec, schema, output, self._snapshot_id, self._compression)
+
+    def fetch_manifest_entry(self, manifest: ManifestFile, discard_deleted: bool = True) -> list[ManifestEntry]:
+        """What pyiceberg's manifest merge writes again; format version 3: read with the v3 entry
+        schema and first_row_id inherited (manifest_io.read_entries), else the merged entries would
+        lose their rows' ids (pyiceberg 0.12 reads the v2 schema)."""
+        if self._lineage:
+            return read_entries(manifest, self._io, discard_deleted)
+        return super().fetch_manifest_entry(manifest, discard_deleted)
+
+    def _commit(self) -> UpdatesAndRequirements:
+        """pyiceberg 0.12's _SnapshotProducer._commit, but for format version 3 (which it cannot
+        write: no v3 manifest list, and the snapshot's `added-rows` left unset): the manifest list
+        assigns first_row_id to the data manifests this snapshot wrote (manifest_io.ManifestListWriterV3),
+        the snapshot's first-row-id is the table's next-row-id and its added-rows what was assigned."""
+        metadata = self._transaction.table_metadata
+        self._lineage = metadata.format_version >= MIN_LINEAGE_VERSION  # each try: another engine may upgrade
+        if not self._lineage:
+            return super()._commit()
+        if metadata.next_row_id is None:
+            raise ValidationException("format-version 3 table without next-row-id: cannot assign row ids")
+        manifests = self._manifests()
+        sequence_number = metadata.next_sequence_number()
+        summary = self._summary(self.snapshot_properties)
+        name = _new_manifest_list_file_name(snapshot_id=self._snapshot_id, attempt=0, commit_uuid=self.commit_uuid)
+        location = self._transaction._table.location_provider().new_metadata_location(name)
+        self._written_manifest_lists.append(location)
+        with ManifestListWriterV3(
+            self._io.new_output(location),
+            self._snapshot_id,
+            self._parent_snapshot_id,
+            sequence_number,
+            metadata.next_row_id,
+            self._compression,
+        ) as writer:
+            writer.add_manifests(manifests)
+        snapshot = Snapshot(
+            snapshot_id=self._snapshot_id,
+            parent_snapshot_id=self._parent_snapshot_id,
+            manifest_list=location,
+            sequence_number=sequence_number,
+            summary=summary,
+            schema_id=metadata.current_schema_id,
+            first_row_id=metadata.next_row_id,
+            added_rows=writer.assigned_rows,
+        )
+        branch = self._target_branch
+        if branch is None:
+            return (AddSnapshotUpdate(snapshot=snapshot),), ()
+        ref = SetSnapshotRefUpdate(
+            snapshot_id=self._snapshot_id,
+            parent_snapshot_id=self._parent_snapshot_id,
+            ref_name=branch,
+            type=SnapshotRefType.BRANCH,
+        )
+        head = metadata.refs[branch].snapshot_id if branch in metadata.refs else None
+        return (AddSnapshotUpdate(snapshot=snapshot), ref), (AssertRefSnapshotId(snapshot_id=head, ref=branch),)
 
     def _build_delete_files_partition_predicate(self) -> None:
         """The replaced files' partitions, per spec, to skip manifests that cannot hold one: pyiceberg's
@@ -571,10 +695,12 @@ class _RewriteFiles(_OverwriteFiles):
         metadata = self._transaction.table_metadata
         for rewrite in self._rewrites:
             history = base_history(metadata, rewrite.base_snapshot_id, self._parent_snapshot_id)
+            if reason := _format_conflict(rewrite.added, metadata.format_version):
+                raise ValidationException(reason)
+            results = [f for f in rewrite.added if f.content == DataFileContent.DATA]
             if not (replaced := rewrite.replaced_data):
                 continue
             added = _deletes_added_since(metadata, self._io, rewrite.base_snapshot_id, history)
-            results = [f for f in rewrite.added if f.content == DataFileContent.DATA]
             if reason := _delete_conflict(replaced, added, self._global_specs, results):
                 raise ValidationException(reason)
 
@@ -588,8 +714,9 @@ class _RewriteFiles(_OverwriteFiles):
         or a delete in its partition), the delete manifests of unpartitioned specs (global deletes),
         and, when a global delete is in question, the data manifests it can apply to (by their
         minimum sequence number)."""
-        snapshot = self._transaction.table_metadata.snapshot_by_id(snapshot_id) if snapshot_id is not None else None
-        manifests = snapshot.manifests(io=self._io) if snapshot is not None else []
+        metadata = self._transaction.table_metadata
+        snapshot = metadata.snapshot_by_id(snapshot_id) if snapshot_id is not None else None
+        manifests = snapshot_manifests(snapshot, self._io, metadata.format_version) if snapshot is not None else []
         evaluators = KeyDefaultDict(self._build_manifest_evaluator)
         read: dict[int, ManifestContents] = {}
         for i, manifest in enumerate(manifests):
@@ -597,7 +724,7 @@ class _RewriteFiles(_OverwriteFiles):
                 manifest.content == ManifestContent.DELETES and manifest.partition_spec_id in self._global_specs
             )
             if global_deletes or evaluators[manifest.partition_spec_id](manifest):
-                read[i] = manifest_contents(manifest, self._io)
+                read[i] = self._contents(manifest)
         files = {f.path: f for contents in read.values() for f in _sequenced(contents)}
         replaced = {f.file_path for f in self._deleted_data_files}
         if missing := sorted(replaced - files.keys()):
@@ -623,7 +750,7 @@ class _RewriteFiles(_OverwriteFiles):
         for i, manifest in enumerate(manifests):
             if i in read or manifest.content != ManifestContent.DATA or (manifest.min_sequence_number or 0) > upto:
                 continue
-            read[i] = manifest_contents(manifest, self._io)
+            read[i] = self._contents(manifest)
             files.update((f.path, f) for f in _sequenced(read[i]))
         remaining = [f for f in files.values() if not f.is_delete and f.path not in replaced]
         results = [
@@ -637,15 +764,24 @@ class _RewriteFiles(_OverwriteFiles):
                 raise ValidationException(reason)
         dangling = _dangling(list(candidates.values()), remaining, results, self._global_specs)
         self._dangling = [d.data_file for d in dangling]
-        removed = replaced | {f.file_path for f in self._dangling}
+        removed = replaced | {d.path for d in dangling}
         return [
             (
                 manifest,
                 read.get(i, _UNREAD),
-                [j for j, e in enumerate(read[i].entries) if e.data_file.file_path in removed] if i in read else [],
+                [j for j, e in enumerate(read[i].entries) if file_key(e.data_file) in removed] if i in read else [],
             )
             for i, manifest in enumerate(manifests)
         ]
+
+    def _contents(self, manifest: ManifestFile) -> ManifestContents:
+        """A manifest's cached live entries; in a format-version-3 table with their data files'
+        first_row_id as readers see it (manifest_io.with_first_row_ids), so that an entry written
+        again keeps its rows' ids."""
+        contents = manifest_contents(manifest, self._io)
+        if not self._lineage:
+            return contents
+        return with_first_row_ids(contents, v3_field(manifest, MANIFEST_FIRST_ROW_ID))
 
     def _added_manifests(self) -> list[ManifestFile]:
         """The added files, one manifest per content and partition spec: data files with their data
@@ -682,7 +818,7 @@ class _RewriteFiles(_OverwriteFiles):
         by_header: dict[str, list[tuple[ManifestContents, list[int]]]] = {}
         by_spec: dict[tuple[ManifestContent, int], list[ManifestEntry]] = {}
         for contents, positions in parts:
-            if contents.restatable:
+            if contents.restatable and not self._lineage:  # v3: entries carry first_row_id (_contents)
                 by_header.setdefault(json.dumps(contents.header, sort_keys=True), []).append((contents, positions))
             else:
                 for i in positions:
@@ -755,6 +891,8 @@ class _RewriteFiles(_OverwriteFiles):
         for data_file in removed:
             collector.remove_file(data_file, schemas[data_file.spec_id], specs[data_file.spec_id])
         changes = collector.build()
+        if dvs := [f for f in removed if is_deletion_vector(f)]:
+            _count_deletion_vectors(changes, dvs)
         # Java counts the unpartitioned spec's one partition (path ""); pyiceberg's collector skips it
         files = [*self._added_data_files, *removed]
         if changed := len(collector.partition_metrics) + any(len(f.partition) == 0 for f in files):
@@ -764,6 +902,20 @@ class _RewriteFiles(_OverwriteFiles):
         previous = None if parent is None else parent.summary if parent.summary is not None else {}
         totals = _carried_totals(previous, changes)
         return Summary(operation=self._operation, **changes, **totals, **snapshot_properties)
+
+
+def _count_deletion_vectors(changes: dict[str, str], dvs: Sequence[DataFile]) -> None:
+    """Removed deletion vectors as Java's SnapshotSummary counts them (pyiceberg 0.12's collector
+    knows none): `removed-dvs`, not `removed-position-delete-files`, each of its blob's size (not
+    its whole Puffin file's) in `removed-files-size`."""
+    files = int(changes.get(REMOVED_POSITION_DELETE_FILES, 0)) - len(dvs)
+    if files > 0:
+        changes[REMOVED_POSITION_DELETE_FILES] = str(files)
+    else:
+        changes.pop(REMOVED_POSITION_DELETE_FILES, None)
+    changes[REMOVED_DVS] = str(len(dvs))
+    overcounted = sum(f.file_size_in_bytes - (v3_field(f, CONTENT_SIZE_IN_BYTES) or 0) for f in dvs)
+    changes[REMOVED_FILE_SIZE] = str(max(0, int(changes.get(REMOVED_FILE_SIZE, 0)) - overcounted))
 
 
 def _sequenced(contents: ManifestContents) -> list[_Sequenced]:

@@ -21,6 +21,11 @@ counted per file on either path.
 Whether a physical schema qualifies is decided once per distinct schema, by running pyiceberg's
 own projection on an empty batch of it: the bulk path is taken only where that projection is a
 pure relabel.
+
+With `lineage` (a format-version-3 table), each batch also gets `_row_id` and
+`_last_updated_sequence_number` (execution/lineage), from the file's own columns where it has them
+(they are not table columns: the bulk path relabels the others) and inherited otherwise, before
+deletes are applied.
 """
 
 from __future__ import annotations
@@ -44,6 +49,13 @@ from pyiceberg.types import ListType, MapType, StructType
 
 from compaction_assets.errors import InputFileError
 from compaction_assets.execution.deletes import GroupDeletes
+from compaction_assets.execution.lineage import (
+    LAST_UPDATED_FIELD_ID,
+    ROW_ID_FIELD_ID,
+    add_lineage,
+    lineage_positions,
+    with_lineage_fields,
+)
 
 NestedType = StructType | ListType | MapType
 MiB = 1024 * 1024
@@ -70,6 +82,7 @@ class SourceReader:
         convert: Callable[[pa.RecordBatch], pa.RecordBatch],
         deletes: GroupDeletes | None = None,
         targets: dict[str, pa.Schema | None] | None = None,
+        lineage: bool = False,
     ) -> None:
         self._metadata = metadata
         self._io = io
@@ -80,6 +93,8 @@ class SourceReader:
         self._deletes = deletes
         self.rows_read = 0  # rows decoded, deleted ones included
         self._schema = metadata.schema()
+        self._lineage = lineage
+        self._read_schema = with_lineage_fields(self._schema) if lineage else self._schema
         self._downcast = metadata.format_version <= 2
         # relabel targets by physical schema, field ids included; `targets` shares them between the
         # readers of groups of one table version (same schema, name mapping and conversion)
@@ -102,13 +117,15 @@ class SourceReader:
         for start in range(0, len(pairs), CHUNK_FILES):
             chunk = pairs[start : start + CHUNK_FILES]
             runs, projected = self._split(chunk, remote)
-            for target, run in runs.values():
-                yield from self._scan(target, run)
+            for target, found, run in runs.values():
+                yield from self._scan(target, run, found)
             yield from self._project_all(projected, remote)
 
-    def _split(self, chunk: list, remote: bool) -> tuple[dict[str, tuple[pa.Schema, list]], list]:
-        """Bulk fragments grouped by target schema (one scanner each); the rest for ArrowScan.
-        Remote files get their size from the manifest, which spares a HEAD request per open."""
+    def _split(self, chunk: list, remote: bool) -> tuple[dict[str, tuple[pa.Schema, dict[int, int], list]], list]:
+        """Bulk fragments grouped by physical schema (one scanner each), with their target schema
+        and where their lineage columns are (with `lineage`: the target relabels the other columns);
+        the rest for ArrowScan. Remote files get their size from the manifest, which spares a HEAD
+        request per open."""
         fragments = [
             self._format.make_fragment(path, fs, file_size=source.size if remote else None)
             for source, (path, fs) in chunk
@@ -118,20 +135,26 @@ class SourceReader:
                 errors = list(pool.map(_load_footer, fragments))
         else:
             errors = [_load_footer(f) for f in fragments]
-        runs: dict[str, tuple[pa.Schema, list]] = {}  # one scanner per identical physical schema
+        runs: dict[str, tuple[pa.Schema, dict[int, int], list]] = {}  # one scanner per identical physical schema
         projected = []
         for (source, _), fragment, error in zip(chunk, fragments, errors, strict=True):
             if error is not None:
                 raise _unreadable(source.path, error)
             if fragment.metadata.num_rows != source.records:
                 raise _count_mismatch(source.path, fragment.metadata.num_rows, source.records)
-            key = _schema_key(fragment.physical_schema)
-            target = self.target_for(fragment.physical_schema, key)
+            physical = fragment.physical_schema
+            key = _schema_key(physical)
+            found = lineage_positions(physical) if self._lineage else {}
+            if found:
+                kept = [f for i, f in enumerate(physical) if i not in found.values()]
+                target = self.target_for(pa.schema(kept, metadata=physical.metadata))
+            else:
+                target = self.target_for(physical, key)
             if target is None:
                 projected.append(source)
                 self.projected_paths.append(source.path)
             else:
-                runs.setdefault(key, (target, []))[1].append((source, fragment))
+                runs.setdefault(key, (target, found, []))[2].append((source, fragment))
                 self.bulk_paths.append(source.path)
         return runs, projected
 
@@ -181,38 +204,47 @@ class SourceReader:
         )
         return target if same else None
 
-    def _scan(self, target: pa.Schema, run: list[tuple[object, ds.ParquetFileFragment]]) -> Iterator[pa.RecordBatch]:
+    def _scan(
+        self, target: pa.Schema, run: list[tuple[object, ds.ParquetFileFragment]], found: dict[int, int]
+    ) -> Iterator[pa.RecordBatch]:
         """Scan files of one physical schema, a window of at most READAHEAD_BYTES at a time
-        (large files: one at a time, so memory stays at one file's row group)."""
+        (large files: one at a time, so memory stays at one file's row group). `found`: where its
+        lineage columns are (lineage_positions)."""
         window: list[tuple[object, ds.ParquetFileFragment]] = []
         window_bytes = 0
         for item in run:
             if window and window_bytes + item[0].size > READAHEAD_BYTES:
-                yield from self._scan_window(target, window)
+                yield from self._scan_window(target, window, found)
                 window, window_bytes = [], 0
             window.append(item)
             window_bytes += item[0].size
         if window:
-            yield from self._scan_window(target, window)
+            yield from self._scan_window(target, window, found)
 
-    def _scan_window(self, target: pa.Schema, window: list) -> Iterator[pa.RecordBatch]:
+    def _scan_window(self, target: pa.Schema, window: list, found: dict[int, int]) -> Iterator[pa.RecordBatch]:
         sources = [s for s, _ in window]
         fragments = [f for _, f in window]
         dataset = ds.FileSystemDataset(fragments, fragments[0].physical_schema, self._format, fragments[0].filesystem)
         scanner = dataset.scanner(use_threads=True, fragment_readahead=len(fragments), batch_readahead=4)
         by_path = {f.path: s for s, f in window}
         offsets = dict.fromkeys(by_path, 0)  # rows of each file seen so far: its next row's position
+        lineage_columns, lineage_ids = set(found.values()), (ROW_ID_FIELD_ID, LAST_UPDATED_FIELD_ID)
         read = 0
         try:
             # tagged batches come in each file's row order, so a file's positions can be counted
             for tagged in scanner.scan_batches():
-                batch, path = tagged.record_batch, tagged.fragment.path
-                read += batch.num_rows
-                self.rows_read += batch.num_rows
-                batch = pa.RecordBatch.from_arrays(batch.columns, schema=target)
+                raw, path = tagged.record_batch, tagged.fragment.path
+                read += raw.num_rows
+                self.rows_read += raw.num_rows
+                start = offsets[path]
+                offsets[path] += raw.num_rows
+                columns = [c for i, c in enumerate(raw.columns) if i not in lineage_columns] if found else raw.columns
+                batch = pa.RecordBatch.from_arrays(columns, schema=target)
+                if self._lineage:
+                    row_ids, updated = (raw.column(found[i]) if i in found else None for i in lineage_ids)
+                    batch = add_lineage(batch, by_path[path], start, row_ids, updated)
                 if self._deletes is not None:
-                    batch = self._deletes.apply(by_path[path], offsets[path], batch)
-                    offsets[path] += tagged.record_batch.num_rows
+                    batch = self._deletes.apply(by_path[path], start, batch)
                 yield batch
         except (OSError, pa.ArrowException) as exc:
             raise self._culprit(sources, fragments, exc) from exc
@@ -265,9 +297,13 @@ class SourceReader:
     def _project(self, source, io: FileIO | None = None) -> Iterator[pa.RecordBatch]:  # noqa: ANN001 - SourceFile
         read = 0
         io = io or self._io
-        batches = projected_batches(self._metadata, io, self._schema, source, self._partition, self._spec_id)
+        batches = projected_batches(self._metadata, io, self._read_schema, source, self._partition, self._spec_id)
         for batch in batches:
-            converted = self._convert(batch)
+            if self._lineage:  # the lineage columns come last (_read_schema)
+                data = pa.RecordBatch.from_arrays(batch.columns[:-2], schema=pa.schema(list(batch.schema)[:-2]))
+                converted = add_lineage(self._convert(data), source, read, batch.column(-2), batch.column(-1))
+            else:
+                converted = self._convert(batch)
             if self._deletes is not None:
                 converted = self._deletes.apply(source, read, converted)
             read += batch.num_rows

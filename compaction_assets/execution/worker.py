@@ -43,6 +43,7 @@ from compaction_assets.errors import InputFileError, worker_error
 from compaction_assets.execution import durable, polars_rewrite
 from compaction_assets.execution.deletes import GroupDeletes
 from compaction_assets.execution.external_sort import ExternalSort, SortSpec
+from compaction_assets.execution.lineage import with_lineage_fields
 from compaction_assets.execution.partitioning import partition_folder, split_by_partition
 from compaction_assets.execution.source_reader import SourceReader
 from compaction_assets.faults import crash_point
@@ -66,6 +67,10 @@ class DeleteSpec:
     size: int
     records: int
     equality_ids: list[int] | None = None  # equality deletes: the field ids rows are matched on
+    # a deletion vector (format version 3): its blob in the Puffin file at `path`, and its one data file
+    content_offset: int | None = None
+    content_size_in_bytes: int | None = None
+    referenced_data_file: str | None = None
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,10 @@ class SourceFile:
     size: int
     records: int
     deletes: list[int] = field(default_factory=list)  # indices into its GroupSpec.deletes that apply to it
+    # row lineage (format version 3: RewriteJob.row_lineage): what its rows' _row_id and
+    # _last_updated_sequence_number inherit where the file holds none (execution/lineage)
+    first_row_id: int | None = None
+    file_sequence_number: int | None = None
 
 
 @dataclass(frozen=True)
@@ -116,6 +125,9 @@ class RewriteJob:
     sort_columns: list[tuple[str, str]] = field(default_factory=list)  # (file-schema column, ascending|descending)
     zorder_columns: list[str] = field(default_factory=list)  # file-schema columns; win over sort_columns
     sort_budget_bytes: int = DEFAULT_SORT_MEMORY  # Arrow bytes a sorted group holds in memory (external_sort)
+    # format version 3: every row's _row_id and _last_updated_sequence_number are written into the
+    # results as read (execution/lineage); such groups never take the Polars path
+    row_lineage: bool = False
 
     def to_json(self) -> str:
         # vars, not dataclasses.asdict: asdict deep-copies every SourceFile (0.05 s for 5,000)
@@ -224,6 +236,7 @@ class _TableVersion:
     metadata: TableMetadata
     file_schema: Schema  # the output files' (sanitised names)
     targets: dict[str, pa.Schema | None]  # SourceReader's relabel targets by physical schema
+    lineage_targets: dict[str, pa.Schema | None]  # ... of readers adding row lineage (other keys)
 
     @functools.cached_property
     def statistics(self) -> polars_rewrite.Statistics:
@@ -234,7 +247,7 @@ class _TableVersion:
 @functools.lru_cache(maxsize=4)
 def _table_version(metadata_json: str) -> _TableVersion:
     metadata = TableMetadataUtil.parse_raw(metadata_json)
-    return _TableVersion(metadata, sanitize_column_names(metadata.schema()), {})
+    return _TableVersion(metadata, sanitize_column_names(metadata.schema()), {}, {})
 
 
 def rewrite_group(job: RewriteJob, index: int) -> GroupOutcome:
@@ -250,19 +263,32 @@ def rewrite_group(job: RewriteJob, index: int) -> GroupOutcome:
         metadata = metadata.model_copy(update={"properties": metrics})
     io = load_file_io(job.io_properties, metadata.location)
     partition = decode_partition(spec.partition)
+    lineage = job.row_lineage
     if spec.output_spec_id is None:
         writer = RollingWriter(
-            io, metadata, partition, spec, job.target_file_size_bytes, index, file_schema=version.file_schema
+            io,
+            metadata,
+            partition,
+            spec,
+            job.target_file_size_bytes,
+            index,
+            file_schema=version.file_schema,
+            lineage=lineage,
         )
     else:
-        writer = PartitionedWriter(io, metadata, spec, job.target_file_size_bytes, index, version.file_schema)
+        writer = PartitionedWriter(
+            io, metadata, spec, job.target_file_size_bytes, index, version.file_schema, lineage=lineage
+        )
     bytes_in = sum(s.size for s in spec.sources)
     try:
         deletes = GroupDeletes(io, metadata.schema(), metadata.name_mapping(), spec.sources, spec.deletes)
     except InputFileError as exc:  # an equality delete the rewrite cannot apply: fail, nothing written
         return GroupOutcome(index, [], str(exc), 0, 0, peak_rss())
-    reader = SourceReader(metadata, io, spec.sources, partition, spec.spec_id, writer.convert, deletes, version.targets)
-    if (written := _rewrite_with_polars(spec, version, io, partition, reader, writer)) is not None:
+    targets = version.lineage_targets if lineage else version.targets
+    reader = SourceReader(
+        metadata, io, spec.sources, partition, spec.spec_id, writer.convert, deletes, targets, lineage=lineage
+    )
+    if not lineage and (written := _rewrite_with_polars(spec, version, io, partition, reader, writer)) is not None:
         return GroupOutcome(index, written, None, sum(s.records for s in spec.sources), bytes_in, peak_rss(), "polars")
     expiry = _Expiry(spec.expire, writer.file_schema.find_field(spec.expire.field_id).name) if spec.expire else None
     sorter = ExternalSort(job.sort_spec, job.sort_budget_bytes) if spec.sort and job.sort_spec else None
@@ -411,12 +437,16 @@ class RollingWriter:
         index: int,
         buffer_limit: int = MAX_BUFFER_BYTES,
         file_schema: Schema | None = None,
+        lineage: bool = False,
     ) -> None:
-        """`file_schema`: the table schema's sanitised form, if the caller has it already."""
+        """`file_schema`: the table schema's sanitised form, if the caller has it already.
+        `lineage`: batches carry the row-lineage columns after the file schema's (execution/lineage),
+        written with their field ids and statistics."""
         self._io = io
         self._metadata = metadata
         self._table_schema = metadata.schema()
         self.file_schema = sanitize_column_names(self._table_schema) if file_schema is None else file_schema
+        self._write_schema = with_lineage_fields(self.file_schema) if lineage else self.file_schema
         self._format = FileFormatFactory.get(FileFormat.PARQUET)
         self._partition = partition
         self._spec = spec
@@ -480,7 +510,7 @@ class RollingWriter:
             path = f"{self.name}-{len(self._opened):05d}.parquet"
             self._opened.append(path)
             self._output = _TrackedOutput(self._io.new_output(path))
-            self._writer = self._format.create_writer(self._output, self.file_schema, self._metadata.properties)
+            self._writer = self._format.create_writer(self._output, self._write_schema, self._metadata.properties)
         table = pa.Table.from_batches(self._buffer)
         stream = self._output.stream
         before = stream.tell() if stream is not None else 0
@@ -529,8 +559,10 @@ class PartitionedWriter:
         target_bytes: int,
         index: int,
         file_schema: Schema | None = None,
+        lineage: bool = False,
     ) -> None:
         self._io, self._metadata, self._spec = io, metadata, spec
+        self._lineage = lineage
         self._target, self._index = target_bytes, index
         self._partition_spec = metadata.specs()[spec.output_spec_id]
         # converts; never writes
@@ -561,6 +593,14 @@ class PartitionedWriter:
             spec = replace(self._spec, output_dir=folder, spec_id=self._partition_spec.spec_id, max_files=2**31)
             limit = max(MiB, MAX_BUFFER_BYTES // 4)
             writer = self._writers[key] = RollingWriter(
-                self._io, self._metadata, partition, spec, self._target, self._index, limit, self.file_schema
+                self._io,
+                self._metadata,
+                partition,
+                spec,
+                self._target,
+                self._index,
+                limit,
+                self.file_schema,
+                lineage=self._lineage,
             )
         return writer

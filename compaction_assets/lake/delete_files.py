@@ -43,7 +43,9 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation, SnapshotSummaryCollector, Summary, update_snapshot_summaries
 from pyiceberg.table.update.snapshot import _FastAppendFiles
 from pyiceberg.typedef import EMPTY_DICT, Record, TableVersion
-from pyiceberg.types import IntegerType, ListType, LongType, NestedField, StringType, StructType
+from pyiceberg.types import LongType, NestedField, StringType
+
+from compaction_assets.lake.manifest_io import int_equality_ids
 
 FILE_PATH_ID = 2147483546  # reserved field ids of a position-delete file (Iceberg spec)
 POS_ID = 2147483545
@@ -66,18 +68,7 @@ class _DeleteManifestWriter(ManifestWriterV2):
 
     def _with_partition(self, format_version: TableVersion) -> Schema:
         schema = super()._with_partition(format_version)
-        return Schema(*[_int_equality_ids(f) if f.field_id == 2 else f for f in schema.fields])
-
-
-def _int_equality_ids(data_file: NestedField) -> NestedField:
-    assert isinstance(data_file.field_type, StructType)
-    fields = [
-        NestedField(135, f.name, ListType(136, IntegerType(), element_required=True), required=False, doc=f.doc)
-        if f.field_id == 135
-        else f
-        for f in data_file.field_type.fields
-    ]
-    return NestedField(data_file.field_id, data_file.name, StructType(*fields), required=data_file.required)
+        return Schema(*[int_equality_ids(f) if f.field_id == 2 else f for f in schema.fields])
 
 
 class _AddDeleteFiles(_FastAppendFiles):

@@ -22,11 +22,12 @@ import math
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-from pyiceberg.manifest import DataFile, DataFileContent
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.transforms import VoidTransform
 from pyiceberg.typedef import Record
 
+from compaction_assets.lake.manifest_io import CONTENT_OFFSET, REFERENCED_DATA_FILE, v3_field
 from compaction_assets.lake.partition_key import PartitionId, partition_id
 
 FILE_PATH_FIELD_ID = 2147483546  # the file_path column of a position delete file (Iceberg spec reserved id)
@@ -34,12 +35,15 @@ _NAN = object()  # NaN partition values are one partition (NaN != NaN would make
 
 
 def referenced_data_file(delete_file: DataFile) -> str | None:
-    """The one data file a position delete file references, if its file_path column's lower and
-    upper bounds are equal (as Java's ContentFileUtil.referencedDataFile). pyiceberg 0.12 reads
-    manifests with the v2 entry schema, which drops `referenced_data_file`; a delete file that
-    only says so there counts as partition-scoped: a superset, so still safe."""
+    """The one data file a position delete file references: its manifest entry's
+    `referenced_data_file` (format version 3; every deletion vector has one), else the file_path
+    column's lower and upper bounds when equal (as Java's ContentFileUtil.referencedDataFile).
+    Entries read by pyiceberg 0.12 itself (v2 entry schema) lack the field; a delete file that only
+    says so there counts as partition-scoped: a superset, so still safe."""
     if delete_file.content != DataFileContent.POSITION_DELETES:
         return None
+    if (referenced := v3_field(delete_file, REFERENCED_DATA_FILE)) is not None:
+        return referenced
     lower = (delete_file.lower_bounds or {}).get(FILE_PATH_FIELD_ID)
     upper = (delete_file.upper_bounds or {}).get(FILE_PATH_FIELD_ID)
     if lower is None or lower != upper:
@@ -48,6 +52,21 @@ def referenced_data_file(delete_file: DataFile) -> str | None:
         return lower.decode("utf-8")
     except UnicodeDecodeError:
         return None
+
+
+def is_deletion_vector(delete_file: DataFile) -> bool:
+    """A deletion vector (format version 3): a Puffin blob of deleted positions of one data file.
+    Many share one Puffin file, each its own manifest entry (see file_key)."""
+    return delete_file.content == DataFileContent.POSITION_DELETES and delete_file.file_format == FileFormat.PUFFIN
+
+
+def file_key(data_file: DataFile) -> str:
+    """What tells a live file from the others: its path, but for a deletion vector the Puffin file's
+    path and the blob's offset in it (`<path>#<offset>`), since Java writes the DVs of many data files
+    (of several partitions) into one Puffin file."""
+    if is_deletion_vector(data_file):
+        return f"{data_file.file_path}#{v3_field(data_file, CONTENT_OFFSET)}"
+    return data_file.file_path
 
 
 def path_in_bounds(delete_file: DataFile, data_path: str) -> bool:

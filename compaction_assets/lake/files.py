@@ -8,12 +8,25 @@ from pyiceberg.manifest import DataFile, DataFileContent, ManifestEntry
 from pyiceberg.table import Table
 from pyiceberg.utils.lazydict import LazyDict
 
+from compaction_assets.lake.deletes import file_key
 from compaction_assets.lake.manifest_cache import manifest_contents
+from compaction_assets.lake.manifest_io import (
+    FIRST_ROW_ID,
+    MANIFEST_FIRST_ROW_ID,
+    MIN_LINEAGE_VERSION,
+    snapshot_manifests,
+    v3_field,
+    with_first_row_ids,
+)
 from compaction_assets.lake.partition_key import PartitionId, partition_id, render_partition
 
 
 class LiveFile:
     """One data or delete file referenced by the current snapshot, with its partition id and key.
+    `path` tells it from the other live files (lake.deletes.file_key): the file's path, but a
+    deletion vector's is `<Puffin file path>#<blob offset>` (many share one Puffin file).
+    `first_row_id`: a data file's in a format-version-3 table, inherited as readers see it
+    (manifest_io.with_first_row_ids); None otherwise.
 
     Slotted, its figures copied out of the DataFile once: the planner reads them a few times per
     file, and at 200,000 files each DataFile property call costs planning tenths of a second."""
@@ -30,6 +43,8 @@ class LiveFile:
         "record_count",
         "spec_id",
         "is_delete",
+        "first_row_id",
+        "file_sequence_number",
     )
 
     def __init__(
@@ -39,18 +54,21 @@ class LiveFile:
         partition_key: str,  # its injective rendering (lake.partition_key)
         added_at_ms: int,
         data_sequence_number: int = 0,  # its entry's (inherited); 0 in a format-version-1 table
+        file_sequence_number: int | None = None,  # its entry's (inherited): the snapshot that added the file
     ) -> None:
         self.data_file = data_file
         self.partition_id = partition_id
         self.partition_key = partition_key
         self.added_at_ms = added_at_ms
         self.data_sequence_number = data_sequence_number
-        self.path: str = data_file.file_path
+        self.path: str = file_key(data_file)
         self.size: int = data_file.file_size_in_bytes
         self.data_bytes: int = _data_bytes(data_file)
         self.record_count: int = data_file.record_count
         self.spec_id: int = data_file.spec_id
         self.is_delete: bool = data_file.content != DataFileContent.DATA
+        self.first_row_id: int | None = v3_field(data_file, FIRST_ROW_ID)
+        self.file_sequence_number = file_sequence_number
 
     def __repr__(self) -> str:
         return f"LiveFile({self.path!r}, partition {self.partition_key!r}, seq {self.data_sequence_number})"
@@ -79,7 +97,8 @@ def live_files(table: Table) -> list[LiveFile]:
 
     A manifest's LiveFiles are made once per process for each (current spec, current schema) and
     kept beside its cached entries (manifests are immutable); they are reused while the snapshots
-    their entries name still resolve to the same times."""
+    their entries name still resolve to the same times. In a format-version-3 table the entries
+    carry their data files' first_row_id as readers see it (manifest_io.with_first_row_ids)."""
     snapshot = table.current_snapshot()
     if snapshot is None:
         return []
@@ -87,8 +106,11 @@ def live_files(table: Table) -> list[LiveFile]:
     context = (table.spec().spec_id, table.schema().schema_id)
     keys: dict[PartitionId, tuple[PartitionId, str]] = {}  # partition id -> (shared id, key), once per partition
     files: list[LiveFile] = []
-    for manifest in snapshot.manifests(table.io):
+    version = table.metadata.format_version
+    for manifest in snapshot_manifests(snapshot, table.io, version):
         contents = manifest_contents(manifest, table.io)
+        if version >= MIN_LINEAGE_VERSION:
+            contents = with_first_row_ids(contents, v3_field(manifest, MANIFEST_FIRST_ROW_ID))
         made = contents.derived.get(context)
         if made is None or any(added_at.get(s, snapshot.timestamp_ms) != ms for s, ms in made[1]):
             made = contents.derived[context] = _live(table, contents.entries, added_at, snapshot.timestamp_ms, keys)
@@ -116,7 +138,9 @@ def _live(
         added_ms = resolved.get(sid)
         if added_ms is None:
             added_ms = resolved[sid] = added_at.get(sid, fallback_ms)
-        files.append(LiveFile(data_file, shared[0], shared[1], added_ms, entry.sequence_number or 0))
+        files.append(
+            LiveFile(data_file, shared[0], shared[1], added_ms, entry.sequence_number or 0, entry.file_sequence_number)
+        )
     return tuple(files), tuple(resolved.items())
 
 

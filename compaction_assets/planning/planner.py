@@ -108,7 +108,7 @@ from typing import Protocol
 
 from pyiceberg.manifest import DataFile, DataFileContent
 
-from compaction_assets.lake.deletes import ApplyingDeletes
+from compaction_assets.lake.deletes import ApplyingDeletes, is_deletion_vector
 from compaction_assets.planning.expiration import ExpireRule, Verdict
 from compaction_assets.planning.overlap import Clustering, bounds_overlap
 from compaction_assets.planning.policy import MiB, Policy
@@ -247,6 +247,7 @@ class PartitionStats:
     delete_ratio: float = 0.0  # deleted_rows / records, at most 1
     read_amplification: float = 1.0  # see read_amplification()
     bounds_overlap: float | None = None  # on the clustering columns (planning/overlap.py); None: not clustered
+    deletion_vectors: int = 0  # of position_delete_files, the deletion vectors (format version 3: one per data file)
 
     @property
     def avg_file_bytes(self) -> int:
@@ -376,6 +377,7 @@ def partition_stats(
         delete_ratio=min(1.0, deleted / records) if records else 0.0,
         read_amplification=read_amplification(records, deleted),
         bounds_overlap=bounds_overlap([f.data_file for f in data], clustering) if clustering else None,
+        deletion_vectors=sum(is_deletion_vector(d.data_file) for d in applying),
     )
 
 
@@ -391,9 +393,11 @@ def plan_partition(
     expire: ExpireRule | str | None = None,
     clustering: Clustering | None = None,
     clustered: Collection[str] = frozenset(),
+    tiers_refused: str = "",
 ) -> PartitionPlan:
     """Decide an expiration, a data rewrite, a cheaper tier or nothing for one partition (see the
-    module doc).
+    module doc). A non-empty `tiers_refused` is why the delete-file tiers are not considered (said
+    when one would have been due).
 
     `deletes`: which delete files apply to which data files, for the whole table (global deletes
     live in another partition); None: computed from `files` alone. A non-empty `refused` is why
@@ -440,6 +444,9 @@ def plan_partition(
         notes[0] = old_spec  # says more than the size triggers, which count current-spec files only
     for tier in (_plan_equality_conversion, _plan_position_rewrite):
         plan = tier(stats, files, policy, in_flight, deletes)
+        if isinstance(plan, PartitionPlan) and tiers_refused:
+            notes.append(f"{plan.kind} not run: {tiers_refused}")
+            continue
         if isinstance(plan, PartitionPlan):
             return replace(plan, reason=f"{plan.reason}; {load}")
         notes += [plan] if plan else []
@@ -457,10 +464,12 @@ def plan_table(
     expire: ExpireRule | str | None = None,
     clustering: Clustering | None = None,
     clustered: Collection[str] = frozenset(),
+    tiers_refused: str = "",
 ) -> list[PartitionPlan]:
     """Plan every partition (files grouped by partition id); best benefit first, then partition key.
     `deletes`: DeleteMap.of(files) when None (the engine passes the one it also builds jobs from).
-    `clock`, `expire`, `clustering`, `clustered`: see plan_partition (the engine always passes a clock).
+    `clock`, `expire`, `clustering`, `clustered`, `tiers_refused`: see plan_partition (the engine
+    always passes a clock).
 
     Raises:
         ValueError: two partitions share a key (keys must be injective: the CLI, the ledger and
@@ -487,6 +496,7 @@ def plan_table(
             expire,
             clustering,
             clustered,
+            tiers_refused,
         )
         for v in by_partition.values()
     ]
@@ -880,8 +890,9 @@ def _is_position(delete: FileStat) -> bool:
 def _load_text(stats: PartitionStats) -> str:
     if not stats.applying_delete_files:
         return "deletes: none apply"
+    dvs = f" ({stats.deletion_vectors} of them deletion vectors)" if stats.deletion_vectors else ""
     return (
-        f"deletes: {stats.position_delete_files} position-delete and {stats.equality_delete_files} "
+        f"deletes: {stats.position_delete_files} position-delete{dvs} and {stats.equality_delete_files} "
         f"equality-delete file(s) apply to {stats.data_files_with_deletes} of {stats.data_files} data file(s), "
         f"~{stats.deleted_rows} row(s) deleted (estimated from their record counts), deleted-row ratio "
         f"{stats.delete_ratio:.2f}, read amplification {stats.read_amplification:.2f}"
