@@ -89,8 +89,9 @@ def row_lineage(table) -> dict[int, tuple[int | None, int | None]]:
 def test_an_upgraded_v3_table_is_compacted_keeping_row_lineage(spark_lake):
     """Two compactions of a table upgraded to v3. The first commit's manifest list assigns row ids to
     every data manifest (the upgraded ones too, as the spec says); the second rewrites the other
-    partition and restates manifests of the first: every row keeps the row id and sequence number
-    it had, the table's next-row-id stays above every id, and each snapshot says where its ids start."""
+    partition and merges the data manifests (the first's entries written again): every row keeps
+    the row id and sequence number it had, the table's next-row-id stays above every id, and each
+    snapshot says where its ids start."""
     lake = spark_lake
     create_fragmented(lake, "ns.t", {"eu": 8, "us": 8}, rows=20)
     table = upgrade_to_v3(lake, "ns.t")
@@ -109,9 +110,13 @@ def test_an_upgraded_v3_table_is_compacted_keeping_row_lineage(spark_lake):
     assert None not in ids and len(set(ids)) == len(ids) and max(ids) < table.metadata.next_row_id
     assert None not in [seq for _, seq in lineage.values()]
 
+    with table.transaction() as txn:  # the second commit merges the data manifests (entries written again)
+        txn.set_properties({"commit.manifest.min-count-to-merge": "2"})
+    manifests_before = len(lake.table("ns.t").current_snapshot().manifests(table.io))
     [us] = [o for o in lake.engine.compact("ns.t") if o.status == "committed"]
     assert us.partition_key == "region=us"
     table = lake.table("ns.t")
+    assert len(table.current_snapshot().manifests(table.io)) < manifests_before
     assert sorted(r["id"] for r in table.scan().to_arrow().to_pylist()) == rows_before
     assert row_lineage(table) == lineage  # both partitions: rewritten (us) and restated (eu)
     assert table.current_snapshot().first_row_id == first.added_rows

@@ -1084,7 +1084,7 @@ def removed_deletes(
         e.data_file
         for m in snapshot.manifests(table.io)
         if m.content == ManifestContent.DELETES and m.added_snapshot_id == snapshot.snapshot_id
-        for e in m.fetch_manifest_entry(table.io, discard_deleted=False)
+        for e in read_entries(m, table.io, discard_deleted=False)  # v3 schema: a DV keeps its data file
         if e.status == ManifestEntryStatus.DELETED and e.snapshot_id == snapshot.snapshot_id
     ]
     attempts = [a for i in ids if (a := attempt if i == attempt.attempt_id else peers.get(i) or ledger.get(i))]
