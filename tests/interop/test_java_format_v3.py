@@ -179,7 +179,9 @@ def assert_v3_metadata_agrees(lake: SharedLake, name: str) -> None:
 
 def test_v3_compaction_applies_deletion_vectors_and_keeps_row_lineage(shared_lake: SharedLake):
     lake = shared_lake
-    w = create_v3(lake, "ns.v3", "days(ts)", {"compaction.delete-file-threshold": "1"})
+    # manifests merged on commit (Java's appends and ours): entries written again keep first_row_id
+    props = {"compaction.delete-file-threshold": "1", "commit.manifest.min-count-to-merge": "3"}
+    w = create_v3(lake, "ns.v3", "days(ts)", props)
     for _ in range(8):
         w.append(30)
     delete_and_update(w)
