@@ -31,6 +31,7 @@ from compaction_assets.lake.manifest_io import (
 from compaction_assets.planning.planner import Kind
 from tests.interop.checks import assert_rows, compaction_snapshots
 from tests.interop.conftest import SharedLake
+from tests.interop.race import RACE_AT, raced
 from tests.interop.sqltext import insert
 from tests.interop.test_java_tables import DELETE_TIER, MOR, Writer, compact, rows
 
@@ -269,6 +270,53 @@ def test_the_sensor_compacts_a_v3_table(shared_lake: SharedLake):
     assert_rows(lake, "ns.sensed", expected, "after the sensor's run", duckdb=False)
     assert_lineage_kept(lake, "ns.sensed", before, "after the sensor's run")
     assert_v3_metadata_agrees(lake, "ns.sensed")
+
+
+def test_java_commits_racing_our_v3_compactions_keep_rows_and_lineage(shared_lake: SharedLake):
+    """Java appends, deletes and updates (merge-on-read: deletion vectors) at each of our race points
+    (before our commit's first try, between its checks and the catalog swap): after each compaction
+    Java reads the oracle's rows; every row keeps its _row_id (and its sequence number, unless Java
+    updated it then), and no two rows share an id (our snapshot's row ids start at the next-row-id of
+    the head it lands on, after Java's append)."""
+    lake = shared_lake
+    w = create_v3(lake, "ns.raced", "days(ts)", {"compaction.min-input-files": "3", "commit.retry.num-retries": "2"})
+    for _ in range(6):
+        w.append(12)
+    updated: set[int] = set()
+
+    def java(op: str, m: int) -> None:
+        if op == "append":
+            w.append(10)
+        elif op == "delete":
+            w.sql(f"DELETE FROM {{t}} WHERE id % {m} = 1")
+            w.oracle = {i: r for i, r in w.oracle.items() if i % m != 1}
+        else:
+            w.sql(f"UPDATE {{t}} SET payload = concat('r-', payload) WHERE id % {m} = 2")
+            for i, r in w.oracle.items():
+                if i % m == 2:
+                    r["payload"] = "r-" + r["payload"]
+                    updated.add(i)
+
+    outcomes = []
+    for step, (at, op) in enumerate((at, op) for at in RACE_AT for op in ("append", "delete", "update")):
+        for _ in range(3):
+            w.append(6)
+        before = lineage(lake, "ns.raced")
+        updated.clear()
+        with raced(at, lambda op=op, step=step: java(op, 3 + step)):
+            outcomes += [o.status for o in lake.engine.compact("ns.raced")]
+        assert_rows(lake, "ns.raced", w.expected(), f"after {op} at {at}", duckdb=False)
+        after = lineage(lake, "ns.raced")
+        kept = {i: v for i, v in before.items() if i in after}
+        moved = {
+            i: (v, after[i]) for i, v in kept.items() if after[i][0] != v[0] or (after[i] != v and i not in updated)
+        }
+        assert not moved, f"{op} at {at}: rows changed lineage, e.g. {sorted(moved.items())[:3]}"
+        ids = [row_id for row_id, _ in after.values()]
+        assert len(set(ids)) == len(ids), f"{op} at {at}: two rows share a _row_id"
+        assert lake.table("ns.raced").metadata.next_row_id > max(ids)
+    print(f"\nv3 races: {outcomes}")
+    assert "committed" in outcomes
 
 
 # data rewrites other than minor and major on a v3 table, each with the table properties that make it
