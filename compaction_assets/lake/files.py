@@ -61,12 +61,12 @@ class LiveFile:
         self.partition_key = partition_key
         self.added_at_ms = added_at_ms
         self.data_sequence_number = data_sequence_number
-        self.path: str = file_key(data_file)
+        self.is_delete: bool = data_file.content != DataFileContent.DATA
+        self.path: str = file_key(data_file) if self.is_delete else data_file.file_path
         self.size: int = data_file.file_size_in_bytes
         self.data_bytes: int = _data_bytes(data_file)
         self.record_count: int = data_file.record_count
         self.spec_id: int = data_file.spec_id
-        self.is_delete: bool = data_file.content != DataFileContent.DATA
         self.first_row_id: int | None = v3_field(data_file, FIRST_ROW_ID)
         self.file_sequence_number = file_sequence_number
 

@@ -316,8 +316,10 @@ MANIFEST_LISTS_CACHED = 64
 
 def v3_field(record: DataFile | ManifestFile, position: int) -> Any:
     """A format-version-3 field of a record (None when the record has the older layout: one built
-    by pyiceberg's from_args, or read with a v2 schema)."""
-    return record[position] if len(record) > position else None
+    by pyiceberg's from_args, or read with a v2 schema). Reads the Record's list itself: its
+    __len__ and __getitem__ are Python calls, which cost planning 0.2 s at 200,000 files."""
+    values = record._data
+    return values[position] if len(values) > position else None
 
 
 def holds_row_lineage(data_file: DataFile) -> bool:
