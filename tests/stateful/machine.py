@@ -12,6 +12,11 @@ DuckDB's Iceberg scan and pyiceberg (with partition and data-column filters) whi
 equality deletes (pyiceberg refuses them, DuckDB 1.4.4 mis-reads some: tests/test_lakekit.py).
 Recovery runs as the recovery job does, with a 0 s timeout so this process's attempts count as dead.
 
+Another engine may set main back to an earlier snapshot still in the metadata (rollback_to_snapshot,
+set_current_snapshot), between our plan and commit (the race hooks) or between a crash and recovery:
+the oracle then goes back to the rows that snapshot held when it was current (recorded at each check
+of the rows). GC (grace 0) may run inside our commit, between its manifests and the pointer swap.
+
 Data expiration (issue 20) is the one change of ours that removes rows: a rule turns it on (on the
 `at` timestamptz or on `id` read as epoch millis, with a cutoff inside the rows written so far, the
 engine's clock fixed at NOW) or off. When an expire snapshot lands (committed, or recommitted by
@@ -33,7 +38,7 @@ import tempfile
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -74,7 +79,13 @@ from compaction_assets.lake.files import live_files
 from compaction_assets.lake.manifest_cache import live_entries
 from compaction_assets.local_s3 import LocalS3
 from tests.conftest import write_config
-from tests.lakekit.deletes import commit_delete_files, equality_delete_file, position_delete_file, read_column
+from tests.lakekit.deletes import (
+    commit_delete_files,
+    equality_delete_file,
+    position_delete_file,
+    position_delete_rows,
+    read_column,
+)
 from tests.lakekit.duckdb_reader import duckdb_rows
 from tests.lakekit.oracle import Diff, Oracle, diff, row_key
 from tests.lakekit.spec_reader import spec_rows
@@ -138,11 +149,16 @@ RACES = [
     "expire",
     "spec_change",
     "schema_change",
+    "rollback",  # main set back to an earlier snapshot: every attempt planned since must back off
+    "gc",  # our GC, grace 0: nothing the commit in flight wrote may go
 ]
 MOR_TUNINGS: dict[str, dict[str, str]] = {
     "rewrite_every_delete": {"compaction.delete-file-threshold": "1"},
-    "tiers": {  # files over the target size: no size trigger; deletes never trigger a rewrite
-        "compaction.target-file-size-bytes": "1024",
+    "tiers": {  # data files over the target size: no size trigger; deletes never trigger a rewrite
+        # position-delete files (~1.6 KB) are small, data files (3.3 KB and up) are not; below the
+        # split tuning's max file size (a valid policy when both are set)
+        "compaction.target-file-size-bytes": "2000",
+        "compaction.min-target-size-ratio": "0.95",
         "compaction.delete-file-threshold": "1000",
         "compaction.delete-ratio-threshold": "1.0",
         "compaction.equality-delete-file-threshold": "1",
@@ -150,7 +166,8 @@ MOR_TUNINGS: dict[str, dict[str, str]] = {
     },
     "configured": {},
 }
-MANIFEST_RACES = [None, "append", "position_delete"]  # another engine's commit during our manifest rewrite
+# another engine's commit during our manifest rewrite (at its prepare), or our GC inside its commit
+MANIFEST_RACES = [None, "append", "position_delete", "rollback", "gc"]
 # Oversized files (issue 20): the machine's files hold a few rows (~1 KB of column data, a few KB on
 # disk), so a tiny target with a limit above the `tiers` target makes every file oversized and splittable.
 SPLIT_TUNING = {"compaction.target-file-size-bytes": "256", "compaction.max-file-size-bytes": "2048"}
@@ -252,6 +269,9 @@ class TableHistory(RuleBasedStateMachine):
         self.expirations: dict[str, tuple[int, Any]] = {}  # expire attempt id -> the expiry it was planned with
         self.settled: set[str] = set()  # expire attempts the oracle has accounted for (or never will: ended)
         self.seen: dict[str, DataFile] = {}  # data files live before one of our compactions, by path
+        # the oracle's rows when a snapshot was current (recorded once the readers agreed with it): what
+        # the table must read once another engine sets main back to that snapshot
+        self.states: dict[int, dict[int, dict[int, Any]]] = {}
         FIGURES.histories += 1
 
     # ----------------------------------------------------------------- helpers (other engines)
@@ -289,15 +309,55 @@ class TableHistory(RuleBasedStateMachine):
     def _live_data_files(self, table: Table) -> list[DataFile]:
         return [f.data_file for f in live_files(table) if not f.is_delete]
 
-    def _position_delete(self, table: Table, data_file: DataFile, pick: int) -> int:
-        """Delete up to two live rows of the file; returns how many rows the oracle lost."""
+    def _position_delete(self, table: Table, data_file: DataFile, pick: int, pair: bool = False) -> int:
+        """Delete up to two live rows of the file (`pair`: and up to two of another live data file of
+        its spec and partition, in two delete files each naming rows of both, as Spark writes them:
+        the partition's position deletes are then due for a rewrite under the `tiers` tuning);
+        returns how many rows the oracle lost."""
         ids = read_column(table, data_file, ID, "id")
         live = [pos for pos, i in enumerate(ids) if i in self.oracle.rows]
         if not live:
             return 0
         positions = sorted({live[pick % len(live)], live[(pick * 7 + 3) % len(live)]})
-        commit_delete_files(table, [position_delete_file(table, data_file, positions)])
-        return self.oracle.delete(ids[p] for p in positions)
+        others = [
+            f
+            for f in self._live_data_files(table)
+            if pair
+            and f.file_path != data_file.file_path
+            and f.spec_id == data_file.spec_id
+            and f.partition == data_file.partition
+        ]
+        if not others:
+            commit_delete_files(table, [position_delete_file(table, data_file, positions)])
+            return self.oracle.delete(ids[p] for p in positions)
+        other = others[pick % len(others)]
+        other_ids = read_column(table, other, ID, "id")
+        other_live = [pos for pos, i in enumerate(other_ids) if i in self.oracle.rows][:2]
+        named = [(data_file.file_path, p) for p in positions] + [(other.file_path, p) for p in other_live]
+        halves = [named[0::2], named[1::2]] if len(named) > 2 else [named]
+        deletes = [
+            position_delete_rows(table, data_file.spec_id, data_file.partition, *map(list, zip(*half, strict=True)))
+            for half in halves
+        ]
+        commit_delete_files(table, deletes)
+        FIGURES.rules["position_delete naming two files"] += 1
+        return self.oracle.delete([*(ids[p] for p in positions), *(other_ids[p] for p in other_live)])
+
+    def _roll_back_main(self, pick: int) -> int | None:
+        """Another engine sets main back to an earlier snapshot still in the metadata whose rows
+        are known (set_current_snapshot: rollback_to_snapshot's update when it is an ancestor, and
+        any other line of history too); the oracle goes back to them. Returns the snapshot id, or
+        None when there is none to go back to."""
+        table = self.table()
+        current = table.current_snapshot()
+        present = {s.snapshot_id for s in table.metadata.snapshots}
+        targets = [i for i in self.states if i in present and (current is None or i != current.snapshot_id)]
+        if not targets:
+            return None
+        target = targets[pick % len(targets)]
+        table.manage_snapshots().set_current_snapshot(target).commit()
+        self.oracle.rows = dict(self.states[target])
+        return target
 
     def _equality_delete(self, table: Table, column: str, value: Any) -> int:
         """Delete `column == value` everywhere: one file per live partition of every spec (a
@@ -489,10 +549,14 @@ class TableHistory(RuleBasedStateMachine):
         self._compact(pick)
 
     @rule(
-        point=st.sampled_from(IN_PROCESS_POINTS), region=st.sampled_from(REGIONS), pick=st.none() | st.integers(0, 50)
+        point=st.sampled_from(IN_PROCESS_POINTS),
+        region=st.sampled_from(REGIONS),
+        pick=st.none() | st.integers(0, 50),
+        roll_back=st.booleans(),
     )
-    def compact_and_crash(self, point: str, region: str | None, pick: int | None) -> None:
-        """Two more small files first, so the compaction has work and reaches the point."""
+    def compact_and_crash(self, point: str, region: str | None, pick: int | None, roll_back: bool) -> None:
+        """Two more small files first, so the compaction has work and reaches the point. After the
+        crash, another engine may set main back to an earlier snapshot before recovery runs."""
         if not self._count("compact_and_crash") or f"crash_{point}" in SKIP:
             return
         self._append(self.table(), region, 2, 2)
@@ -502,6 +566,8 @@ class TableHistory(RuleBasedStateMachine):
         except faults.InjectedCrash:
             FIGURES.crashes[point] += 1
             self.pending_recovery = True
+            if roll_back and "race_rollback" not in SKIP and self._roll_back_main(pick or 0) is not None:
+                FIGURES.races[f"rollback after crash@{point}"] += 1
         finally:
             faults.disarm()
 
@@ -537,6 +603,11 @@ class TableHistory(RuleBasedStateMachine):
                 self._equality_delete(other, "cat", pick % 3)
             elif kind == "expire":
                 self._expire(other)
+            elif kind == "rollback":
+                if self._roll_back_main(pick) is None:
+                    fired.remove(kind)
+            elif kind == "gc":
+                self.engine.gc(TABLE)
             elif kind == "spec_change":
                 self._evolve_spec(other, pick)
             else:
@@ -556,14 +627,14 @@ class TableHistory(RuleBasedStateMachine):
         self.pending_recovery = False
         self.assert_no_open_attempts()
 
-    @rule(pick=st.integers(0, 1000))
-    def position_delete(self, pick: int) -> None:
+    @rule(pick=st.integers(0, 1000), pair=st.booleans())
+    def position_delete(self, pick: int, pair: bool) -> None:
         if not self._count("position_delete"):
             return
         table = self.table()
         files = self._live_data_files(table)
         if files:
-            self._position_delete(table, files[pick % len(files)], pick)
+            self._position_delete(table, files[pick % len(files)], pick, pair)
 
     @rule(by_id=st.booleans(), value=st.integers(0, 1000))
     def equality_delete(self, by_id: bool, value: int) -> None:
@@ -625,9 +696,11 @@ class TableHistory(RuleBasedStateMachine):
     def rewrite_manifests(self, race: str | None, crash: str | None, region: str | None, pick: int) -> None:
         """Two more appends first (two more small manifests: the rewrite is due). Then our manifest
         rewrite: alone (every live file keeps its sequence numbers and snapshot id), while another
-        engine commits at its prepare (an append, a position delete: their manifests are kept), or
-        crashing before or after its Iceberg commit (recovery settles it)."""
-        if not self._count("rewrite_manifests"):
+        engine commits at its prepare (an append, a position delete: their manifests are kept; main
+        set back to an earlier snapshot: the rewrite backs off and is planned again), with our GC
+        inside its commit (its manifest list is pyiceberg's), or crashing before or after its
+        Iceberg commit (recovery settles it)."""
+        if not self._count("rewrite_manifests") or (race and f"race_{race}" in SKIP):
             return
         for _ in range(2):
             self._append(self.table(), region, 1, 1)
@@ -639,14 +712,19 @@ class TableHistory(RuleBasedStateMachine):
                 self._append(other, REGIONS[pick % len(REGIONS)], 1, 1)
             elif race == "position_delete" and (files := self._live_data_files(other)):
                 self._position_delete(other, files[pick % len(files)], pick)
+            elif race == "rollback" and self._roll_back_main(pick) is None:
+                return
+            elif race == "gc":
+                self.engine.gc(TABLE)
             FIGURES.races[f"{race}@rewrite_manifests"] += 1
 
         if crash:
             faults.arm(crash)
-        elif race:
+        elif race and race != "gc":
             faults.arm("after_prepare", action)
         try:
-            report = self.engine.rewrite_manifests(TABLE)
+            with self._race("in_commit", action) if race == "gc" and not crash else nullcontext():
+                report = self.engine.rewrite_manifests(TABLE)
         except faults.InjectedCrash:
             FIGURES.crashes[f"{crash}@rewrite_manifests"] += 1
             self.pending_recovery = True
@@ -728,6 +806,30 @@ class TableHistory(RuleBasedStateMachine):
                 # below the configured target (invalid)
                 txn.remove_properties(*present, *({"compaction.max-file-size-bytes"} & set(table.properties)))
 
+    @rule(pick=st.integers(0, 1000))
+    def roll_back_main_by_another_engine(self, pick: int) -> None:
+        """Main set back to an earlier snapshot at any time: after a crash (an attempt left PREPARED,
+        which recovery must then roll back), before plans made later."""
+        if not self._count("roll_back_main"):
+            return
+        if self._roll_back_main(pick) is not None and self.pending_recovery:
+            FIGURES.races["rollback after crash, before recovery"] += 1
+
+    @rule(pick=st.integers(0, 1000))
+    def drop_data_file_by_another_engine(self, pick: int) -> None:
+        """A delete whose filter covers a whole data file (metadata only): the file leaves the table,
+        position deletes naming it stay (dangling) until a rewrite drops them."""
+        if not self._count("drop_data_file"):
+            return
+        table = self.table()
+        if not (files := self._live_data_files(table)):
+            return
+        data_file = files[pick % len(files)]
+        ids = read_column(table, data_file, ID, "id")
+        with table.transaction() as txn, txn.update_snapshot().overwrite() as overwrite:
+            overwrite.delete_data_file(data_file)
+        self.oracle.delete(ids)
+
     @rule()
     def expire_snapshots_by_another_engine(self) -> None:
         if not self._count("expire"):
@@ -790,6 +892,8 @@ class TableHistory(RuleBasedStateMachine):
         schema = table.schema()
         expected = self.oracle.view(schema)
         self._check(Counter(row_key(r) for r in spec_rows(table)), expected, "spec reader")
+        if (current := table.current_snapshot()) is not None:
+            self.states[current.snapshot_id] = dict(self.oracle.rows)
         if any(f.data_file.content == DataFileContent.EQUALITY_DELETES for f in live_files(table)):
             FIGURES.rules["check_without_duckdb_pyiceberg (equality deletes live)"] += 1
             return
