@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 from pyiceberg.table import Table
@@ -29,6 +27,7 @@ from compaction_assets.lake.files import live_files
 from compaction_assets.lake.storage import Claims, reachable
 from compaction_assets.maintenance.gc import IN_FLIGHT_SKEW_MS, GcPolicy, GcReport, collect_garbage
 from tests.conftest import BY_REGION, SCHEMA, Lake, batch
+from tests.lakekit import races
 from tests.lakekit.duckdb_reader import duckdb_rows
 from tests.lakekit.files import rows
 from tests.lakekit.spec_reader import spec_rows
@@ -43,25 +42,8 @@ TIERS = {  # only the position-delete tier is due
 }
 
 
-@contextmanager
-def in_commit(action: Callable[[], None]) -> Iterator[None]:
-    """Run `action` once, as our commit reaches the catalog: its manifests and manifest list are
-    written, the pointer not yet swapped."""
-    original = Table._do_commit
-    fired = []
-
-    def racing(table: Table, *args: Any, **kwargs: Any) -> None:
-        if not fired:
-            fired.append(True)
-            action()
-        original(table, *args, **kwargs)
-
-    Table._do_commit = racing  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        Table._do_commit = original  # type: ignore[method-assign]
-    assert fired
+def in_commit(action: Callable[[], None]):
+    return races.in_commit(action, must_fire=True)
 
 
 def gc_into(lake: Lake, reports: list[GcReport], ledger: Ledger | None = None, now_ms: int | None = None):

@@ -10,8 +10,6 @@ and the spec reader."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import contextmanager
-from typing import Any
 
 import pytest
 from pyiceberg.exceptions import ValidationException
@@ -25,6 +23,7 @@ from compaction_assets.demo import append_fragments
 from compaction_assets.lake.delete_files import commit_delete_files, position_delete_rows, read_column
 from compaction_assets.lake.files import live_files
 from tests.conftest import BY_REGION, SCHEMA, Lake, batch
+from tests.lakekit import races
 from tests.lakekit.duckdb_reader import duckdb_rows
 from tests.lakekit.files import rows
 from tests.lakekit.spec_reader import spec_rows
@@ -70,25 +69,8 @@ def roll_back_to(lake: Lake, snapshot_id: int) -> Callable[[], None]:
     return roll_back
 
 
-@contextmanager
 def in_commit(action: Callable[[], None]):
-    """Run `action` once, as our commit reaches the catalog: after its checks and manifests, before
-    the pointer swap (tests/stateful's in-commit race hook)."""
-    original = Table._do_commit
-    fired = []
-
-    def racing(table: Table, *args: Any, **kwargs: Any) -> None:
-        if not fired:
-            fired.append(True)
-            action()
-        original(table, *args, **kwargs)
-
-    Table._do_commit = racing  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        Table._do_commit = original  # type: ignore[method-assign]
-    assert fired
+    return races.in_commit(action, must_fire=True)
 
 
 def assert_reads(lake: Lake, expected_ids: list[int]) -> None:

@@ -11,16 +11,11 @@ knows what the table must read. After every step Java and pyiceberg read the tab
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import random
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
-
-from pyiceberg.table import Table
 
 from compaction_assets import faults
 from compaction_assets.commit.recovery import recover
@@ -29,6 +24,7 @@ from tests.interop.java import comparable
 from tests.interop.sqltext import insert
 from tests.lakekit.duckdb_reader import duckdb_rows
 from tests.lakekit.oracle import diff
+from tests.lakekit.races import raced
 
 DAY = datetime.datetime(2026, 5, 1)
 JAVA_OPS = (
@@ -66,32 +62,6 @@ class Figures:
             f"lost={self.lost} duplicated={self.duplicated} resurrected={self.resurrected} "
             f"recovery={dict(self.recovered)} java_ops={dict(self.java_ops)}"
         )
-
-
-@contextlib.contextmanager
-def raced(at: str, action: Callable[[], None]) -> Iterator[None]:
-    """Run `action` once at `at` of our next compaction (as tests/stateful/machine.py does)."""
-    if at == "after_prepare":
-        faults.arm("after_prepare", action)
-        try:
-            yield
-        finally:
-            faults.disarm()
-        return
-    original = Table._do_commit
-    fired: list[bool] = []
-
-    def racing(table: Table, *args: Any, **kwargs: Any) -> None:
-        if not fired:
-            fired.append(True)
-            action()
-        original(table, *args, **kwargs)
-
-    Table._do_commit = racing  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        Table._do_commit = original  # type: ignore[method-assign]
 
 
 class History:

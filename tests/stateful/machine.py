@@ -37,8 +37,7 @@ import shutil
 import tempfile
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -88,6 +87,7 @@ from tests.lakekit.deletes import (
 )
 from tests.lakekit.duckdb_reader import duckdb_rows
 from tests.lakekit.oracle import Diff, Oracle, diff, row_key
+from tests.lakekit.races import raced
 from tests.lakekit.spec_reader import spec_rows
 
 TABLE = "ns.t"
@@ -476,31 +476,6 @@ class TableHistory(RuleBasedStateMachine):
             elif outcome.kind == "old-spec":  # e.g. a raced equality delete in the old partition
                 FIGURES.outcomes[f"{outcome.status} old-spec"] += 1
 
-    @contextmanager
-    def _race(self, at: str, action: Callable[[], None]) -> Iterator[None]:
-        """Run `action` (another writer's commit) once, at `at` of our next compaction."""
-        if at == "after_prepare":
-            faults.arm("after_prepare", action)
-            try:
-                yield
-            finally:
-                faults.disarm()
-            return
-        original = Table._do_commit
-        state = {"fired": False}
-
-        def racing(table: Table, *args: Any, **kwargs: Any) -> None:
-            if not state["fired"]:
-                state["fired"] = True
-                action()
-            original(table, *args, **kwargs)
-
-        Table._do_commit = racing  # type: ignore[method-assign]
-        try:
-            yield
-        finally:
-            Table._do_commit = original  # type: ignore[method-assign]
-
     def _settle_expirations(self) -> None:
         """Account in the oracle for every expire snapshot that landed: each new expire attempt is
         tied to the expiry in force (attempts begin inside the step just run); one a snapshot
@@ -613,7 +588,7 @@ class TableHistory(RuleBasedStateMachine):
             else:
                 self._evolve_schema(other, pick, pick // 4)
 
-        with self._race(at, action):
+        with raced(at, action):
             self._compact(None)
         if fired:
             FIGURES.races[f"{kind}@{at}"] += 1
@@ -723,7 +698,7 @@ class TableHistory(RuleBasedStateMachine):
         elif race and race != "gc":
             faults.arm("after_prepare", action)
         try:
-            with self._race("in_commit", action) if race == "gc" and not crash else nullcontext():
+            with raced("in_commit", action) if race == "gc" and not crash else nullcontext():
                 report = self.engine.rewrite_manifests(TABLE)
         except faults.InjectedCrash:
             FIGURES.crashes[f"{crash}@rewrite_manifests"] += 1
