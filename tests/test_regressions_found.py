@@ -63,7 +63,7 @@ def test_recovery_after_the_compaction_snapshot_was_expired(spark, tmp_path):
     """r2: crash after the Iceberg commit, a writer appends, another engine expires, then recovery."""
     with history(spark, tmp_path) as machine:
         step(machine, "seed_rows", region="eu", files=3)
-        step(machine, "compact_and_crash", point="after_iceberg_commit", region="eu", pick=None)
+        step(machine, "compact_and_crash", point="after_iceberg_commit", region="eu", pick=None, roll_back=False)
         step(machine, "append", region="us", files=1, rows=1)
         step(machine, "expire_snapshots_by_another_engine")
         step(machine, "recover")
@@ -121,6 +121,6 @@ def test_recovery_of_a_prepared_attempt_after_the_spec_changed(spark, tmp_path):
     """Found by the machine: crash after precommit, another engine swaps the spec, recovery."""
     with history(spark, tmp_path) as machine:
         step(machine, "seed_rows", region="null", files=4)
-        step(machine, "compact_and_crash", point="after_prepare", region="eu", pick=11)
+        step(machine, "compact_and_crash", point="after_prepare", region="eu", pick=11, roll_back=False)
         step(machine, "evolve_spec", which=2)
         step(machine, "recover")
