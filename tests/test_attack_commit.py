@@ -17,7 +17,6 @@ from pyiceberg.types import FloatType, LongType, NestedField
 import compaction_assets.commit.two_phase as two_phase
 from compaction_assets.commit.ledger import Status
 from compaction_assets.demo import append_fragments
-from compaction_assets.errors import BackOff
 from compaction_assets.lake.files import live_files
 from tests.conftest import BY_REGION, SCHEMA, batch, create_fragmented
 from tests.foreign_deletes import commit_deletes, equality_delete
@@ -190,8 +189,8 @@ def test_a_table_upgraded_to_v3_before_the_commit_backs_off(lake, monkeypatch, w
     commit runs. The rewrite was planned for a v2 table: its results hold no row lineage, so
     committing them would give the rows new row ids. The commit checks on every try that a v3
     table's results carry row lineage: it backs off with that reason (inside the commit, the
-    catalog refuses the v2 snapshot first, pyiceberg's ValueError, no commit conflict: recovery
-    settles it, and backs off)."""
+    changed format version fails the commit's requirement, two_phase.numbered, and the retry on
+    the v3 metadata backs off; before, pyiceberg's ValueError left the attempt PREPARED)."""
     table = create_fragmented(lake, "ns.t", {"eu": 10})
     expected = rows(table)
     if when == "after_prepare":
@@ -208,16 +207,7 @@ def test_a_table_upgraded_to_v3_before_the_commit_backs_off(lake, monkeypatch, w
 
     [outcome] = lake.engine.compact("ns.t")
 
-    if when == "inside_the_commit":
-        # the catalog refused our snapshot on the v3 metadata (pyiceberg 0.12's ValueError, not a
-        # commit conflict): outcome unknown, so recovery settles it, and must be able to
-        assert outcome.status == "failed" and "outcome unknown" in outcome.reason, outcome.reason
-        [attempt] = lake.engine.ledger.attempts()
-        with pytest.raises(BackOff):  # what recovery runs, once this process is gone
-            two_phase.commit_prepared(lake.table("ns.t"), lake.engine.ledger, attempt)
-        outcome.reason = lake.engine.ledger.attempts()[0].reason
-    else:
-        assert outcome.status == "backed_off", outcome.reason
+    assert outcome.status == "backed_off", outcome.reason
     assert "holds no row lineage" in outcome.reason and "upgraded after the plan" in outcome.reason
     assert [a.status for a in lake.engine.ledger.attempts()] == [Status.ROLLED_BACK]
     assert rows(lake.table("ns.t")) == expected

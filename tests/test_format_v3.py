@@ -29,7 +29,7 @@ from compaction_assets.execution.lineage import LAST_UPDATED_FIELD_ID, ROW_ID_FI
 from compaction_assets.execution.worker import DeleteSpec
 from compaction_assets.lake.catalog import load_table
 from compaction_assets.lake.delete_files import commit_delete_files, position_delete_file
-from compaction_assets.lake.features import V3_MANIFEST_REASON, V3_TIER_REASON
+from compaction_assets.lake.features import LINEAGE_NAME_REASON, V3_MANIFEST_REASON, V3_TIER_REASON
 from compaction_assets.lake.files import live_files
 from compaction_assets.planning.planner import Kind, plan_table
 from tests.conftest import create_fragmented, make_lake
@@ -142,6 +142,21 @@ def test_delete_tiers_and_manifest_rewrites_are_refused_on_v3_with_the_reason(la
     assert lake.engine.plan("ns.t").manifests.reason.startswith(V3_MANIFEST_REASON)
     report = lake.engine.rewrite_manifests("ns.t")
     assert report.status == "skipped" and report.reason.startswith(V3_MANIFEST_REASON)
+
+
+def test_a_v3_table_with_a_column_named_like_a_lineage_column_is_refused_with_the_reason(lake):
+    """A rewrite writes row lineage as `_row_id` / `_last_updated_sequence_number`: a user column of
+    that name made every Spark job of such a table fail (outside attack on issue 34); now refused."""
+    create_fragmented(lake, "ns.t", {"eu": 4}, rows=10)
+    with lake.table("ns.t").update_schema() as update:
+        update.rename_column("payload", "_row_id")
+    upgrade_to_v3(lake, "ns.t")
+
+    [plan] = lake.engine.plan("ns.t").partitions
+
+    assert plan.kind is None and LINEAGE_NAME_REASON.format(columns="_row_id") in plan.reason, plan.reason
+    assert [o.status for o in lake.engine.compact("ns.t")] in ([], ["skipped"])
+    assert len(live_files(lake.table("ns.t"))) == 4
 
 
 def test_pause_resume_and_gc_commit_v3_metadata(lake):

@@ -51,6 +51,7 @@ from pyiceberg.io import FileIO
 from pyiceberg.manifest import ManifestContent, ManifestEntry, ManifestEntryStatus, ManifestFile, ManifestWriterV2
 from pyiceberg.table import Table, TableProperties, Transaction
 from pyiceberg.table.snapshots import Operation, Snapshot, Summary
+from pyiceberg.table.update import UpdatesAndRequirements
 from pyiceberg.table.update.snapshot import _SnapshotProducer  # pyiceberg 0.12 private: no public producer
 from pyiceberg.typedef import EMPTY_DICT
 from pyiceberg.utils.concurrent import ExecutorFactory
@@ -64,13 +65,14 @@ from compaction_assets.commit.two_phase import (
     base_history,
     commit_snapshot,
     confirm_committed,
+    numbered,
     roll_back,
 )
 from compaction_assets.errors import CompactionError
 from compaction_assets.faults import crash_point
 from compaction_assets.gc_pause import gc_paused
 from compaction_assets.lake.delete_files import _DeleteManifestWriter
-from compaction_assets.lake.features import manifest_refusal
+from compaction_assets.lake.features import manifest_refusal, manifest_version_refusal
 from compaction_assets.lake.manifest_cache import manifest_contents
 from compaction_assets.lake.manifest_io import (
     ManifestContents,
@@ -391,8 +393,16 @@ class _RewriteManifests(_SnapshotProducer["_RewriteManifests"]):
     def _validate_concurrency(self) -> None:
         """Nothing here: `_manifests` checks the replaced manifests against each try's head."""
 
+    def _commit(self) -> UpdatesAndRequirements:
+        """pyiceberg's, with the table's numbering required unchanged (two_phase.numbered): a table
+        upgraded to format version 3, or numbered on by a commit to another branch, since this
+        try's metadata is a retry, not a snapshot pyiceberg refuses with an unknown outcome."""
+        return numbered(super()._commit(), self._transaction.table_metadata)
+
     def _manifests(self) -> list[ManifestFile]:
         metadata = self._transaction.table_metadata
+        if reason := manifest_version_refusal(metadata.format_version):
+            raise ValidationException(reason)
         base_history(metadata, self._base_snapshot_id, self._parent_snapshot_id)
         parent = metadata.snapshot_by_id(self._parent_snapshot_id) if self._parent_snapshot_id is not None else None
         current = parent.manifests(self._io) if parent is not None else []

@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import PrivateAttr
 from pyiceberg.exceptions import CommitFailedException, ValidationException
 from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, EqualTo, IsNaN, IsNull, Or, Reference
 from pyiceberg.expressions.visitors import manifest_evaluator
@@ -77,7 +78,13 @@ from pyiceberg.table.snapshots import (
     SnapshotSummaryCollector,
     Summary,
 )
-from pyiceberg.table.update import AddSnapshotUpdate, AssertRefSnapshotId, SetSnapshotRefUpdate, UpdatesAndRequirements
+from pyiceberg.table.update import (
+    AddSnapshotUpdate,
+    AssertRefSnapshotId,
+    SetSnapshotRefUpdate,
+    TableRequirement,
+    UpdatesAndRequirements,
+)
 from pyiceberg.table.update.snapshot import (  # pyiceberg 0.12 private
     _ManifestMergeManager,
     _new_manifest_list_file_name,
@@ -481,6 +488,50 @@ class _Rewrite:
         return [f for f in self.replaced if f.content == DataFileContent.DATA]
 
 
+class _AssertNumbering(AssertRefSnapshotId):
+    """assert-ref-snapshot-id that also requires the format version, last-sequence-number and
+    next-row-id the snapshot was numbered from (`numbered`), where pyiceberg checks requirements
+    itself (SQL and other metastore catalogs). pyiceberg 0.12 checks a snapshot's sequence number
+    only on format version 2 and a stale first-row-id, or a v3 upgrade, only as it applies the
+    update, by ValueError (to the caller: outcome unknown); nor does asserting main's head help,
+    since a commit to another branch moves the table's numbering without moving main. Failing here
+    is a CommitFailedException, so pyiceberg's retry numbers the snapshot again from the refreshed
+    table. A REST catalog receives a plain assert-ref-snapshot-id (private attributes are not
+    serialised); its server checks the numbering itself (Java's TableMetadata.Builder)."""
+
+    _expected: tuple[int, int, int | None] = PrivateAttr(default=(0, 0, None))
+
+    def validate(self, base_metadata: TableMetadata | None) -> None:
+        super().validate(base_metadata)
+        assert base_metadata is not None  # super() raised otherwise
+        found = _numbering(base_metadata)
+        if found != self._expected:
+            raise CommitFailedException(
+                "Requirement failed: table numbering changed (format version, last-sequence-number, "
+                f"next-row-id): expected {self._expected}, found {found}"
+            )
+
+
+def _numbering(metadata: TableMetadata) -> tuple[int, int, int | None]:
+    """Format version, last-sequence-number (none before v2) and next-row-id (none before v3)."""
+    return metadata.format_version, getattr(metadata, "last_sequence_number", 0), getattr(metadata, "next_row_id", None)
+
+
+def numbered(commit: UpdatesAndRequirements, metadata: TableMetadata) -> UpdatesAndRequirements:
+    """A producer's `_commit` result with its assert-ref-snapshot-id requiring, besides the branch
+    head, the numbering `metadata` gave the snapshot (_AssertNumbering)."""
+    updates, requirements = commit
+
+    def checked(requirement: TableRequirement) -> TableRequirement:
+        if not isinstance(requirement, AssertRefSnapshotId):
+            return requirement
+        strict = _AssertNumbering(ref=requirement.ref, snapshot_id=requirement.snapshot_id)
+        strict._expected = _numbering(metadata)
+        return strict
+
+    return updates, tuple(checked(r) for r in requirements)
+
+
 class _RewriteFiles(_OverwriteFiles):
     """A `replace` snapshot (a data expiration's: `delete` or `overwrite`) with Iceberg RewriteFiles
     semantics (Java's BaseRewriteFiles and MergingSnapshotProducer), built on pyiceberg 0.12's
@@ -634,7 +685,7 @@ class _RewriteFiles(_OverwriteFiles):
         metadata = self._transaction.table_metadata
         self._lineage = metadata.format_version >= MIN_LINEAGE_VERSION  # each try: another engine may upgrade
         if not self._lineage:
-            return super()._commit()
+            return numbered(super()._commit(), metadata)
         if metadata.next_row_id is None:
             raise ValidationException("format-version 3 table without next-row-id: cannot assign row ids")
         manifests = self._manifests()
@@ -672,7 +723,10 @@ class _RewriteFiles(_OverwriteFiles):
             type=SnapshotRefType.BRANCH,
         )
         head = metadata.refs[branch].snapshot_id if branch in metadata.refs else None
-        return (AddSnapshotUpdate(snapshot=snapshot), ref), (AssertRefSnapshotId(snapshot_id=head, ref=branch),)
+        return numbered(
+            ((AddSnapshotUpdate(snapshot=snapshot), ref), (AssertRefSnapshotId(snapshot_id=head, ref=branch),)),
+            metadata,
+        )
 
     def _build_delete_files_partition_predicate(self) -> None:
         """The replaced files' partitions, per spec, to skip manifests that cannot hold one: pyiceberg's
