@@ -32,8 +32,7 @@ from compaction_assets.planning.planner import Kind
 from tests.interop.checks import assert_rows, compaction_snapshots
 from tests.interop.conftest import SharedLake
 from tests.interop.race import RACE_AT, raced
-from tests.interop.sqltext import insert
-from tests.interop.test_java_tables import DELETE_TIER, MOR, Writer, compact, rows
+from tests.interop.test_java_tables import DELETE_TIER, MOR, Writer, compact, seed_for
 
 LINEAGE = "id, _row_id, _last_updated_sequence_number"
 
@@ -335,20 +334,7 @@ def test_v3_rewrites_keep_row_lineage(shared_lake: SharedLake, kind: Kind):
     name = f"ns.v3_{kind.value.replace('-', '_')}"
     partitioned_by = {Kind.SPLIT: "", Kind.OLD_SPEC: "bucket(2, id)"}.get(kind, "days(ts)")
     w = create_v3(lake, name, partitioned_by, V3_REWRITES[kind])
-    if kind == Kind.SPLIT:
-        w.append(400)  # one file well above the split threshold
-    elif kind == Kind.CLUSTER:
-        w.sql("ALTER TABLE {t} WRITE ORDERED BY amount")
-        for _ in range(4):  # files of healthy size whose amount ranges all overlap
-            batch = rows(w.next_id, 200)
-            for r in batch:
-                r["amount"] = float((r["id"] * 7919) % 1000)
-            w.next_id += 200
-            lake.sql(insert(f"{{c}}.{name}", batch))
-            w.oracle.update({r["id"]: r for r in batch})
-    else:
-        for _ in range(4):
-            w.append(40)
+    seed_for(w, kind, appends=4)
     if kind == Kind.OLD_SPEC:
         w.sql("ALTER TABLE {t} ADD PARTITION FIELD days(ts)")
         w.append(40)

@@ -193,24 +193,31 @@ TIERS = {
 }
 
 
-@pytest.mark.parametrize("kind", list(TIERS), ids=str)
-def test_every_tier_on_a_java_table(shared_lake: SharedLake, kind: Kind):
-    name = f"ns.tier_{kind.value.replace('-', '_')}"
-    w = create(shared_lake, name, "" if kind == Kind.SPLIT else "days(ts)", TIERS[kind])
+def seed_for(w: Writer, kind: Kind, appends: int) -> None:
+    """The files that make `kind` the rewrite planned: one file well above the split threshold
+    (split), files of healthy size whose `amount` ranges all overlap under WRITE ORDERED BY amount
+    (cluster), else `appends` small appends."""
     if kind == Kind.SPLIT:
-        w.append(400)  # one file well above the split threshold
+        w.append(400)
     elif kind == Kind.CLUSTER:
         w.sql("ALTER TABLE {t} WRITE ORDERED BY amount")
-        for _ in range(4):  # files of healthy size whose amount ranges all overlap
+        for _ in range(4):
             batch = rows(w.next_id, 200)
             for r in batch:
                 r["amount"] = float((r["id"] * 7919) % 1000)
             w.next_id += 200
-            shared_lake.sql(insert(f"{{c}}.{name}", batch))
+            w.lake.sql(insert(f"{{c}}.{w.name}", batch))
             w.oracle.update({r["id"]: r for r in batch})
     else:
-        for _ in range(3):
+        for _ in range(appends):
             w.append(40)
+
+
+@pytest.mark.parametrize("kind", list(TIERS), ids=str)
+def test_every_tier_on_a_java_table(shared_lake: SharedLake, kind: Kind):
+    name = f"ns.tier_{kind.value.replace('-', '_')}"
+    w = create(shared_lake, name, "" if kind == Kind.SPLIT else "days(ts)", TIERS[kind])
+    seed_for(w, kind, appends=3)
     at_before = None
     if kind == Kind.EXPIRE:
         old = [dict(r, ts=r["ts"] - datetime.timedelta(days=800)) for r in rows(w.next_id, 30)]
