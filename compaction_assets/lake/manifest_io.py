@@ -93,17 +93,23 @@ class ManifestContents:
         return self.header is not None
 
 
+def _entries_file(manifest: ManifestFile, file_io: FileIO) -> AvroFile[ManifestEntry]:
+    """The manifest opened with the format-version-3 entry schema (a superset: older manifests read
+    its new fields as null)."""
+    return AvroFile[ManifestEntry](
+        file_io.new_input(manifest.manifest_path),
+        MANIFEST_ENTRY_SCHEMAS[3],
+        read_types={-1: ManifestEntry, 2: DataFile},
+        read_enums={0: ManifestEntryStatus, 101: FileFormat, 134: DataFileContent},
+    )
+
+
 def read_manifest(manifest: ManifestFile, file_io: FileIO) -> ManifestContents:
     """Decode every entry with pyiceberg's reader, keeping the bytes of each live data_file.
     Read with the format-version-3 entry schema (a superset: older manifests read its new fields as
     null), so deletion vectors keep the data file they reference and their blob's offset and size,
     and data files their first_row_id (see `v3_field`)."""
-    with AvroFile[ManifestEntry](
-        file_io.new_input(manifest.manifest_path),
-        MANIFEST_ENTRY_SCHEMAS[3],
-        read_types={-1: ManifestEntry, 2: DataFile},
-        read_enums={0: ManifestEntryStatus, 101: FileFormat, 134: DataFileContent},
-    ) as avro:
+    with _entries_file(manifest, file_io) as avro:
         restatable = _has_v2_layout(avro.header.meta)
         entries: list[ManifestEntry] = []
         tails: list[bytes] = []
@@ -377,12 +383,7 @@ def read_entries(manifest: ManifestFile, file_io: FileIO, discard_deleted: bool 
     """pyiceberg's ManifestFile.fetch_manifest_entry with the format-version-3 entry schema, the
     live data files' first_row_id inherited from the manifest's (with_first_row_ids): what a merge
     of v3 manifests writes again (DELETED entries keep what they hold)."""
-    with AvroFile[ManifestEntry](
-        file_io.new_input(manifest.manifest_path),
-        MANIFEST_ENTRY_SCHEMAS[3],
-        read_types={-1: ManifestEntry, 2: DataFile},
-        read_enums={0: ManifestEntryStatus, 101: FileFormat, 134: DataFileContent},
-    ) as avro:
+    with _entries_file(manifest, file_io) as avro:
         entries = [
             _inherit_from_manifest(e, manifest)
             for e in avro
