@@ -22,6 +22,9 @@ from compaction_assets.planning.planner import Kind, PartitionPlan
 from compaction_assets.redact import RedactingFilter, redact
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import ModuleType
+
     from pyiceberg.table import Table
 
     from compaction_assets.lake.digest import RowsDigest
@@ -233,6 +236,7 @@ def expire(ctx: click.Context, table: str, partition: str | None, dry_run: bool)
         outcomes = engine.expire(table, partition=partition)
         expired = [o for o in outcomes if o.kind == Kind.EXPIRE]
         _print_outcomes(expired)
+        _to_dagster(engine, lambda home, events: events.report_outcomes(home, engine, expired))
         if not expired:
             click.echo(f"{table}: nothing past retention")
         if not all(o.ok for o in outcomes):
@@ -266,8 +270,10 @@ def expire(ctx: click.Context, table: str, partition: str | None, dry_run: bool)
 @click.pass_context
 def compact(ctx: click.Context, table: str, partition: str | None, task_id: str | None) -> None:
     """Compact TABLE (or one partition of it): the same code path as the Dagster asset."""
-    outcomes = _engine(ctx).compact(table, partition=partition, task_id=task_id)
+    engine = _engine(ctx)
+    outcomes = engine.compact(table, partition=partition, task_id=task_id)
     _print_outcomes(outcomes)
+    _to_dagster(engine, lambda home, events: events.report_outcomes(home, engine, outcomes))
     if not all(o.ok for o in outcomes):
         sys.exit(1)
 
@@ -295,6 +301,7 @@ def recover(ctx: click.Context) -> None:
         click.echo(f"  parked {parked.table_name} attempt {attempt_id}: {parked.reason}", err=True)
     for error in report.errors:
         click.echo(f"  could not recover {error}", err=True)
+    _to_dagster(engine, lambda home, events: events.report_recovery(home, engine, report))
     if report.errors:
         sys.exit(1)
 
@@ -305,7 +312,9 @@ def recover(ctx: click.Context) -> None:
 @click.pass_context
 def gc(ctx: click.Context, table: str, dry_run: bool) -> None:
     """Expire old snapshots of TABLE and delete files nothing references any more."""
-    report = _engine(ctx, read_only=dry_run).gc(table, dry_run=dry_run)
+    engine = _engine(ctx, read_only=dry_run)
+    report = engine.gc(table, dry_run=dry_run)
+    _to_dagster(engine, lambda home, events: events.report_maintenance(home, [report]))
     if report.paused:
         click.echo(f"{table}: paused (compaction.enabled=false): GC skipped")
         return
@@ -326,7 +335,9 @@ def gc(ctx: click.Context, table: str, dry_run: bool) -> None:
 @click.pass_context
 def rewrite_manifests(ctx: click.Context, table: str, dry_run: bool, task_id: str | None) -> None:
     """Merge TABLE's small manifests into few, clustered by partition, if due (metadata only)."""
-    r = _engine(ctx, read_only=dry_run).rewrite_manifests(table, task_id=task_id, dry_run=dry_run)
+    engine = _engine(ctx, read_only=dry_run)
+    r = engine.rewrite_manifests(table, task_id=task_id, dry_run=dry_run)
+    _to_dagster(engine, lambda home, events: events.report_maintenance(home, [r]))
     if r.status == "committed":
         click.echo(
             f"{table}: committed rewrite-manifests in snapshot {r.snapshot_id}: {r.manifests_before} -> "
@@ -408,6 +419,23 @@ def status(ctx: click.Context, as_json: bool) -> None:
         click.echo(
             f"  {a.status:10} {a.table_name} [{a.partition_key or '-'}] attempt {a.attempt_id} since {a.created_at}"
         )
+
+
+def _to_dagster(engine: Engine, report: Callable[[Path, ModuleType], int]) -> None:
+    """Report work done here to the configured Dagster instance, if any (defs/cli_events.py), so
+    the UI shows it as materialisations; the work is done either way, so a failure only warns."""
+    home = _dagster_home(engine.config.source)
+    if home is None or not home.is_dir():
+        return
+    try:
+        from compaction_assets.defs import cli_events
+
+        reported = report(home, cli_events)
+    except Exception as exc:  # noqa: BLE001 - the compaction itself succeeded
+        click.echo(f"warning: not reported to the Dagster instance in {home}: {redact(_first_line(exc))}", err=True)
+        return
+    if reported:
+        click.echo(f"reported {reported} materialisation(s) to the Dagster instance in {home}")
 
 
 def _dagster_home(config_source: str) -> Path | None:

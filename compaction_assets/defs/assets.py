@@ -134,13 +134,7 @@ def compact_table(
     run_figures = {"dagster_run_fixed_cost_s": round(fixed, 2), "partitions_in_run": len(keys)}
     for o in outcomes:
         if o.ok:
-            # an unpartitioned asset's run also compacts files of an older, partitioned spec (old-spec):
-            # those are its materialisations too, their partition in the metadata
-            spec_part = {"partition": o.partition_key} if o.partition_key and not partitioned else {}
-            metadata = {**_metadata(o, queue), **run_figures, **spec_part}
-            yield AssetMaterialization(
-                asset_key=key, partition=(o.partition_key or None) if partitioned else None, metadata=metadata
-            )
+            yield outcome_materialization(o, queue, partitioned, run_figures)
     for name, spec in context.assets_def.check_specs_by_output_name.items():
         if spec.asset_key == key and spec.key in context.selected_asset_check_keys:
             yield from _consistency(engine, table_name, key, keys, outcomes, partitioned)
@@ -191,6 +185,18 @@ def _consistency(
             blocking=True,
             partition=partition or None,
         )
+
+
+def outcome_materialization(o: PartitionOutcome, queue: str, partitioned: bool, figures: dict) -> AssetMaterialization:
+    """The materialisation of the table's asset partition `o` compacted or left alone (in a run, or
+    by the CLI: defs/cli_events.py). An unpartitioned asset's run also compacts files of an older,
+    partitioned spec (old-spec): those are its materialisations too, their partition in the metadata."""
+    spec_part = {"partition": o.partition_key} if o.partition_key and not partitioned else {}
+    return AssetMaterialization(
+        asset_key=table_key(o.table_name),
+        partition=(o.partition_key or None) if partitioned else None,
+        metadata={**_metadata(o, queue), **figures, **spec_part},
+    )
 
 
 def run_fixed_cost(context: AssetExecutionContext, compaction_seconds: float) -> float:

@@ -28,9 +28,11 @@ from dagster import (
     schedule,
 )
 
+from compaction_assets.commit.manifest_rewrite import ManifestRewriteReport
 from compaction_assets.defs.naming import MAINTENANCE_KEY, MAINTENANCE_TAG, RANGE_END_TAG, RANGE_START_TAG
 from compaction_assets.defs.resources import CompactionResource
 from compaction_assets.engine import Engine
+from compaction_assets.maintenance.gc import GcReport
 from compaction_assets.planning.planner import Kind
 from compaction_assets.redact import redact
 
@@ -83,44 +85,46 @@ def _gc(context: AssetExecutionContext, engine: Engine, table_name: str) -> Asse
         f"file(s) ({len(report.orphan_files)} orphans), {report.bytes_reclaimed} bytes"
         + (" (paused: skipped)" if report.paused else "")
     )
-    return AssetMaterialization(
-        asset_key=MAINTENANCE_KEY,
-        partition=table_name,
-        metadata={
-            "kind": "gc",
-            "table": table_name,
-            "paused": report.paused,
-            "snapshots_expired": len(report.snapshots_expired),
-            "files_deleted": report.files_deleted,
-            "orphan_files_deleted": len(report.orphan_files),
-            "bytes_reclaimed": report.bytes_reclaimed,
-        },
-    )
+    return AssetMaterialization(asset_key=MAINTENANCE_KEY, partition=table_name, metadata=gc_metadata(report))
+
+
+def gc_metadata(report: GcReport) -> dict:
+    """A GC's materialisation metadata (a run's, or the CLI's `gc` reported to Dagster)."""
+    return {
+        "kind": "gc",
+        "table": report.table_name,
+        "paused": report.paused,
+        "snapshots_expired": len(report.snapshots_expired),
+        "files_deleted": report.files_deleted,
+        "orphan_files_deleted": len(report.orphan_files),
+        "bytes_reclaimed": report.bytes_reclaimed,
+    }
 
 
 def _rewrite_manifests(context: AssetExecutionContext, engine: Engine, table_name: str) -> AssetMaterialization:
     report = engine.rewrite_manifests(table_name, task_id=context.run.run_id)
     context.log.info(redact(f"{table_name}: {report.status}: {report.reason}"))
-    return AssetMaterialization(
-        asset_key=MAINTENANCE_KEY,
-        partition=table_name,
-        metadata={
-            "kind": str(Kind.REWRITE_MANIFESTS),
-            "table": table_name,
-            "status": report.status,
-            "reason": redact(report.reason),
-            "manifests_before": report.manifests_before,
-            "manifests_after": report.manifests_after,
-            "manifests_replaced": report.manifests_replaced,
-            "manifests_written": report.manifests_written,
-            "entries": report.entries,
-            "bytes_replaced": report.bytes_replaced,
-            "bytes_written": report.bytes_written,
-            "duration_s": round(report.seconds, 3),
-            "snapshot_id": MetadataValue.text(str(report.snapshot_id or "")),
-            "task_id": report.task_id,
-        },
-    )
+    return AssetMaterialization(asset_key=MAINTENANCE_KEY, partition=table_name, metadata=manifests_metadata(report))
+
+
+def manifests_metadata(report: ManifestRewriteReport) -> dict:
+    """A manifest rewrite's materialisation metadata (a run's, or the CLI's reported to Dagster)."""
+    return {
+        "kind": str(Kind.REWRITE_MANIFESTS),
+        "table": report.table_name,
+        "status": report.status,
+        "reason": redact(report.reason),
+        "manifests_before": report.manifests_before,
+        "manifests_after": report.manifests_after,
+        "manifests_replaced": report.manifests_replaced,
+        "manifests_written": report.manifests_written,
+        "entries": report.entries,
+        "bytes_replaced": report.bytes_replaced,
+        "bytes_written": report.bytes_written,
+        "duration_s": round(report.seconds, 3),
+        "snapshot_id": MetadataValue.text(str(report.snapshot_id or "")),
+        "task_id": report.task_id,
+    }
 
 
 def gc_schedule(table_names: Collection[str] | None) -> ScheduleDefinition:
