@@ -551,10 +551,11 @@ def spark_server(ctx: click.Context, action: str) -> None:
         click.echo(f"starting Spark Connect at {cfg.remote} (master {cfg.master}) ...")
         state = connect_server.start(cfg)
     elif action == "stop":
+        before = connect_server.status(cfg)
         state = connect_server.stop(cfg)
     else:
         state = connect_server.health(cfg)  # running means answering a request, not only an open port
-    click.echo(state.describe())
+    click.echo(connect_server.stop_message(before, state) if action == "stop" else state.describe())
     if action == "status" and not state.running:
         sys.exit(3)
     if action == "stop" and state.pid is not None:

@@ -207,6 +207,23 @@ def stop(cfg: SparkConfig, wait_seconds: float = 60) -> ServerStatus:
     return current
 
 
+def stop_message(before: ServerStatus, after: ServerStatus) -> str:
+    """What `stop` did, from the status before and after it: stopped which server, or why nothing."""
+    remote, root = safe_remote(before.remote), before.log_dir.parent
+    if after.pid is not None:
+        return f"Spark Connect server (pid {after.pid}) at {remote} is still running after SIGKILL: kill {after.pid}"
+    if before.pid is not None:
+        return f"stopped the Spark Connect server at {remote} (pid {before.pid})"
+    if before.dead_pid is not None:
+        return f"nothing to stop: the server started from {root} had died (pid {before.dead_pid}); pid file removed"
+    if before.listening:
+        return (
+            f"nothing to stop: no server was started from {root}; something else listens at {remote} "
+            "(left alone: stop it yourself)"
+        )
+    return f"nothing to stop: no Spark Connect server runs at {remote} (none was started from {root})"
+
+
 def _env(cfg: SparkConfig) -> dict[str, str]:
     ensure_worker_python()
     root = Path(cfg.server_dir)

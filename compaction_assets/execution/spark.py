@@ -61,15 +61,40 @@ def require_server(cfg: SparkConfig, timeout_s: float = 3.0) -> None:
     if cfg.mode != "connect":
         return
     url = urlparse(cfg.remote)
+    port = url.port or 15002
     try:
-        with socket.create_connection((url.hostname or "localhost", url.port or 15002), timeout=timeout_s):
-            return
+        with socket.create_connection((url.hostname or "localhost", port), timeout=timeout_s) as sock:
+            if "use_ssl=true" in cfg.remote.lower() or _speaks_grpc(sock, timeout_s):
+                return
     except OSError:
         forget_connect_session()  # a client cached from before the server went would hang at exit
         raise CompactionError(
             f"spark.mode is connect but no Spark Connect server answers at {cfg.remote}: "
             "start it with `compaction-assets spark-server start` (the demo starts its own)"
         ) from None
+    raise CompactionError(  # else the client retries for ~40 s and ends with a cut-off gRPC error
+        f"port {port} answers but is not a Spark Connect server (no gRPC/HTTP/2 reply at {cfg.remote}): "
+        "stop what listens there, or point spark.remote at the Spark Connect server's port "
+        "(`compaction-assets spark-server start` runs one there)"
+    )
+
+
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # + empty SETTINGS
+
+
+def _speaks_grpc(sock: socket.socket, timeout_s: float) -> bool:
+    """Whether the server on `sock` speaks plaintext HTTP/2 as gRPC servers do: it answers the
+    client preface with a SETTINGS frame (frame type 4). HTTP/1 servers, databases and silent
+    listeners do not."""
+    sock.settimeout(timeout_s)
+    try:
+        sock.sendall(_HTTP2_PREFACE)
+        header = b""
+        while len(header) < 9 and (chunk := sock.recv(9 - len(header))):
+            header += chunk
+    except OSError:
+        return False
+    return len(header) == 9 and header[3] == 4
 
 
 def ensure_worker_python() -> None:

@@ -1,0 +1,88 @@
+"""Messages off the main path name the cause and the fix in one pass, without secrets: each test
+makes the mistake for real (a web server on the Spark Connect port, a broken config, a REST
+catalog that is down, a bad partition key) and reads what the CLI prints."""
+
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+import yaml
+
+from compaction_assets.execution.connect_server import SBIN
+from tests.conftest import CLI, create_fragmented, free_port
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture
+def web_server() -> Iterator[int]:
+    """A real HTTP server (not Spark Connect) listening on a free port."""
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 20
+    while True:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        assert time.monotonic() < deadline, "http.server did not listen"
+        time.sleep(0.1)
+    yield port
+    server.terminate()
+    server.wait(10)
+
+
+def connect_config(lake, port: int):  # noqa: ANN001, ANN201
+    doc = yaml.safe_load(lake.config_path.read_text())
+    doc["spark"] = {"mode": "connect", "remote": f"sc://127.0.0.1:{port}", "server_dir": "srv"}
+    path = lake.root / "connect.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_a_web_server_on_the_spark_connect_port_is_named_at_once(lake, web_server):
+    create_fragmented(lake, "ns.t", {"eu": 6})
+    started = time.monotonic()
+
+    run = lake.cli("compact", "ns.t", config=connect_config(lake, web_server))
+
+    seconds = time.monotonic() - started
+    assert run.returncode == 2
+    assert f"port {web_server} answers but is not a Spark Connect server" in run.stderr, run.stderr
+    assert "spark.remote" in run.stderr and "spark-server start" in run.stderr
+    assert seconds < 20, f"{seconds:.0f}s: the gRPC client's retries were not cut short"
+    assert len(lake.table("ns.t").inspect.files()) == 6
+
+
+def test_spark_server_stop_says_what_it_stopped_or_why_nothing(lake, web_server):
+    idle = connect_config(lake, free_port())
+    nothing = cli("--config", str(idle), "spark-server", "stop")
+    assert nothing.returncode == 0
+    assert "nothing to stop: no Spark Connect server runs at sc://127.0.0.1:" in nothing.stdout
+
+    foreign = cli("--config", str(connect_config(lake, web_server)), "spark-server", "stop")
+    assert foreign.returncode == 0
+    assert f"something else listens at sc://127.0.0.1:{web_server} (left alone" in foreign.stdout
+
+
+def test_spark_server_stop_names_the_server_it_stopped(lake):
+    if not (SBIN / "start-connect-server.sh").exists():
+        pytest.skip("this pyspark wheel ships no Spark Connect server")
+    config = connect_config(lake, free_port())
+    started = cli("--config", str(config), "spark-server", "start")
+    assert started.returncode == 0, started.stdout + started.stderr
+    pid = started.stdout.split("(pid ")[1].split(",")[0].split(")")[0]
+
+    stopped = cli("--config", str(config), "spark-server", "stop")
+
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert "stopped the Spark Connect server at sc://127.0.0.1:" in stopped.stdout
+    assert f"(pid {pid})" in stopped.stdout
