@@ -119,15 +119,9 @@ class CompactionConfig(_Strict):
     source: str = Field(default="<defaults>", exclude=True)
 
     @model_validator(mode="after")
-    def _queues_are_declared(self) -> CompactionConfig:
-        if self.state.heartbeat_seconds * 3 > self.state.executing_timeout_seconds:
-            raise ValueError("state.heartbeat_seconds: must be at most a third of state.executing_timeout_seconds")
-        names = [q.name for q in self.queues]
-        if len(set(names)) != len(names):
-            raise ValueError(f"queues: duplicate queue names in {names}")
-        for i, rule in enumerate(self.tables):
-            if rule.queue not in names:
-                raise ValueError(f"tables.{i}.queue: queue '{rule.queue}' is not declared under queues ({names})")
+    def _across_sections(self) -> CompactionConfig:
+        if problems := cross_section_problems(self.model_dump()):
+            raise ValueError("\n  ".join(problems))
         return self
 
     def rule_for(self, table_name: str) -> TableRule | None:
@@ -176,7 +170,7 @@ def parse_config(raw: dict[str, Any], base_dir: Path, source: str = "<inline>") 
     try:
         cfg = CompactionConfig.model_validate({**raw, "source": source})
     except ValidationError as exc:
-        raise ConfigError(_format_validation_error(exc, source, expanded)) from None
+        raise ConfigError(_format_validation_error(exc, source, expanded, cross_section_problems(raw))) from None
     for key, value in [*cfg.catalog.properties.items(), ("uri", cfg.state.uri), *cfg.spark.conf.items()]:
         redact.register(key, value)
     catalog_props = {k: _resolve_path_value(k, v, base_dir) for k, v in cfg.catalog.properties.items()}
@@ -191,8 +185,33 @@ def parse_config(raw: dict[str, Any], base_dir: Path, source: str = "<inline>") 
     )
 
 
-def _format_validation_error(exc: ValidationError, source: str, expanded: set[tuple]) -> str:
-    """One line per mistake naming its key; the offending value only when it cannot be a secret."""
+def cross_section_problems(raw: dict[str, Any]) -> list[str]:
+    """Mistakes across sections (an undeclared or duplicate queue, a heartbeat too slow for its
+    timeout), read from the raw mapping: reported with the field errors, not in a second pass."""
+    problems = []
+    state = raw.get("state") if isinstance(raw.get("state"), dict) else {}
+    fields = StateConfig.model_fields
+    beat = state.get("heartbeat_seconds", fields["heartbeat_seconds"].default)
+    timeout = state.get("executing_timeout_seconds", fields["executing_timeout_seconds"].default)
+    if all(isinstance(v, int | float) and not isinstance(v, bool) for v in (beat, timeout)) and beat * 3 > timeout:
+        problems.append("state.heartbeat_seconds: must be at most a third of state.executing_timeout_seconds")
+    queues = raw.get("queues", [{"name": "default"}])
+    if not isinstance(queues, list):
+        return problems
+    names = [q["name"] for q in queues if isinstance(q, dict) and isinstance(q.get("name"), str)]
+    if len(set(names)) != len(names):
+        problems.append(f"queues: duplicate queue names in {names}")
+    tables = raw.get("tables", [{"match": "*"}])
+    for i, rule in enumerate(tables if isinstance(tables, list) else []):
+        queue = rule.get("queue", "default") if isinstance(rule, dict) else None
+        if isinstance(queue, str) and queue not in names:
+            problems.append(f"tables.{i}.queue: queue '{queue}' is not declared under queues ({names})")
+    return problems
+
+
+def _format_validation_error(exc: ValidationError, source: str, expanded: set[tuple], also: list[str]) -> str:
+    """One line per mistake naming its key (and the mistakes `also` found across sections); the
+    offending value only when it cannot be a secret."""
     lines = [f"{source}: invalid compaction config"]
     for err in exc.errors():
         loc = tuple(err["loc"])
@@ -203,6 +222,7 @@ def _format_validation_error(exc: ValidationError, source: str, expanded: set[tu
             lines.append(f"  {'.'.join(map(str, loc))}: unknown key")
         else:
             lines.append(f"  {'.'.join(map(str, loc))}: {msg}{_shown_input(loc, err.get('input'), expanded)}")
+    lines += [f"  {p}" for p in also if f"  {p}" not in "\n".join(lines).split("\n")]
     return "\n".join(lines)
 
 

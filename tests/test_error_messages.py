@@ -86,3 +86,31 @@ def test_spark_server_stop_names_the_server_it_stopped(lake):
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert "stopped the Spark Connect server at sc://127.0.0.1:" in stopped.stdout
     assert f"(pid {pid})" in stopped.stdout
+
+
+def test_every_config_mistake_is_reported_in_one_pass(tmp_path):
+    config = tmp_path / "compaction.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "catalogue": {},  # unknown key
+                "state": {"heartbeat_seconds": 30},  # too slow for the default 60 s timeout
+                "queues": [{"name": "high", "capacity": 0}],
+                "tables": [{"match": "sales.*", "queue": "hihg"}, {"match": "*", "priority": "top"}],
+            }
+        )
+    )
+
+    run = cli("--config", str(config), "status")
+
+    assert run.returncode == 2
+    for problem in (
+        "catalogue: unknown key",
+        "state.heartbeat_seconds: must be at most a third",
+        "queues.0.capacity:",
+        "tables.0.queue: queue 'hihg' is not declared under queues (['high'])",
+        "tables.1.priority:",
+        "tables.1.queue: queue 'default' is not declared",
+    ):
+        assert problem in run.stderr, run.stderr
+    assert run.stderr.count("invalid compaction config") == 1
