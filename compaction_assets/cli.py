@@ -539,6 +539,47 @@ def bench(
         click.echo(report.to_json())
 
 
+@main.command()
+@click.option("--port", default=3000, show_default=True, help="the Dagster UI's port (127.0.0.1)")
+@click.option("--spark-port", type=int, default=None, help="the Spark Connect server's port (default: spark.remote's)")
+@click.pass_context
+def serve(ctx: click.Context, port: int, spark_port: int | None) -> None:
+    """Run the production stack for the configured catalog: the warm Spark Connect server (connect
+    mode), the run host, the Dagster webserver and daemon; Ctrl-C or SIGTERM stops all of it."""
+    import os
+
+    from compaction_assets.config import SPARK_REMOTE_ENV
+    from compaction_assets.stack import serve as serve_stack
+    from compaction_assets.stack import spark_remote_with_port
+
+    if spark_port is not None:
+        os.environ[SPARK_REMOTE_ENV] = spark_remote_with_port(load_config(ctx.obj["config"]).spark.remote, spark_port)
+    _engine(ctx, read_only=True)  # the catalog answers (a missing SQLite file is an error) before anything starts
+    sys.exit(serve_stack(load_config(ctx.obj["config"]), port))
+
+
+@main.command()
+@click.option(
+    "--catalog-uri", required=True, help="sqlite:///PATH, postgresql+psycopg://USER@HOST/DB or http(s)://REST"
+)
+@click.option("--warehouse", default=None, help="the catalog's warehouse (needed only to create tables)")
+@click.option("--name", default=None, help="the catalog's name (default: the one the SQL catalog holds)")
+@click.option("-o", "--output", default="compaction.yaml", show_default=True, type=click.Path(path_type=Path))
+@click.option("--force", is_flag=True, help="replace an existing file")
+def init(catalog_uri: str, warehouse: str | None, name: str | None, output: Path, force: bool) -> None:
+    """Write a commented compaction.yaml for an existing catalog: its tables, suggested queues."""
+    from compaction_assets.init_config import init_config
+
+    report = init_config(catalog_uri, output, warehouse=warehouse, name=name, force=force)
+    click.echo(f"catalog '{report.catalog_name}': {len(report.tables)} table(s)")
+    for table in report.tables:
+        click.echo(f"  {table.name}: {table.describe()}")
+    click.echo(f"wrote {report.path}")
+    for var in report.env_needed:
+        click.echo(f"  it reads the catalog password from ${var}: export it before other commands")
+    click.echo(f"next: compaction-assets --config {report.path} serve")
+
+
 @main.command("spark-server")
 @click.argument("action", type=click.Choice(["start", "stop", "status"]))
 @click.pass_context

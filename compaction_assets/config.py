@@ -20,6 +20,8 @@ from compaction_assets import redact
 from compaction_assets.errors import ConfigError
 
 CONFIG_ENV = "COMPACTION_CONFIG"
+# Overrides spark.remote (`serve --spark-port` sets it for the processes it starts)
+SPARK_REMOTE_ENV = "COMPACTION_SPARK_REMOTE"
 DEFAULT_CONFIG_NAME = "compaction.yaml"
 
 PositiveInt = Annotated[int, Field(gt=0)]
@@ -159,7 +161,10 @@ def load_config(path: str | os.PathLike[str] | None = None) -> CompactionConfig:
         raise ConfigError(f"{file}: not valid YAML: {exc}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{file}: the top level must be a mapping, got {type(raw).__name__}")
-    return parse_config(raw, base_dir=file.parent, source=str(file))
+    config = parse_config(raw, base_dir=file.parent, source=str(file))
+    if remote := os.environ.get(SPARK_REMOTE_ENV):
+        config = config.model_copy(update={"spark": config.spark.model_copy(update={"remote": remote})})
+    return config
 
 
 def parse_config(raw: dict[str, Any], base_dir: Path, source: str = "<inline>") -> CompactionConfig:
