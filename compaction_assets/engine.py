@@ -670,7 +670,7 @@ class Engine:
             if result is None:
                 outcome.status, outcome.reason = "failed", unknown or "commit outcome unknown"
             elif isinstance(result, BackOff):
-                outcome.status, outcome.reason = "backed_off", str(result)
+                outcome.status, outcome.reason = "backed_off", result.reason  # the line names table and partition
             elif isinstance(result, StaleAttempt):
                 outcome.status, outcome.reason = "failed", str(result)
             else:

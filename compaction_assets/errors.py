@@ -18,7 +18,12 @@ class InputFileError(CompactionError):
 
 
 class BackOff(CompactionError):
-    """The commit gave way: its sources changed since planning. Nothing of the attempt remains."""
+    """The commit gave way: its sources changed since planning. Nothing of the attempt remains.
+    The message names the table and partition; `reason` is only why (for lines that name them)."""
+
+    def __init__(self, message: str, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason or message
 
 
 def worker_error(exc: BaseException, limit: int = 300) -> str:

@@ -11,6 +11,8 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
+from compaction_assets import faults
+from compaction_assets.cli import _print_outcomes
 from compaction_assets.execution.connect_server import SBIN
 from tests.conftest import CLI, create_fragmented, free_port
 
@@ -114,3 +116,20 @@ def test_every_config_mistake_is_reported_in_one_pass(tmp_path):
     ):
         assert problem in run.stderr, run.stderr
     assert run.stderr.count("invalid compaction config") == 1
+
+
+def test_a_backed_off_partition_is_named_once(lake, capsys):
+    create_fragmented(lake, "ns.t", {"eu": 6})
+    # another writer deletes every row of the partition between our precommit and commit
+    faults.arm("after_prepare", lambda: lake.table("ns.t").delete("region == 'eu'"))
+    try:
+        outcomes = lake.engine.compact("ns.t")
+    finally:
+        faults.disarm()
+
+    _print_outcomes(outcomes)
+
+    [line] = capsys.readouterr().out.splitlines()
+    assert line.startswith("ns.t [region=eu]: backed_off: "), line
+    assert line.count("ns.t [region=eu]") == 1 and "backed off" not in line, line
+    assert "no longer live" in line and "the next run plans it again" in line, line

@@ -224,7 +224,7 @@ def _run(
                 pass
             txn.commit_transaction()
         except (CommitFailedException, ValidationException) as exc:  # guaranteed not to have landed
-            report.status, report.reason = "backed_off", str(roll_back(table, ledger, attempt, str(exc)))
+            report.status, report.reason = "backed_off", roll_back(table, ledger, attempt, str(exc)).reason
             return
         except Exception as exc:
             raise CompactionError(

@@ -1168,7 +1168,8 @@ def roll_back(table: Table, ledger: Ledger, attempt: Attempt, reason: str) -> Ba
     """
     ledger.mark_rolled_back(attempt.attempt_id, reason)
     sweep_untracked(table, ledger, attempt, keep=set())
-    return BackOff(f"{attempt.table_name} [{attempt.partition_key or 'unpartitioned'}]: backed off: {reason}")
+    why = f"{reason} (rolled back; the next run plans it again)"
+    return BackOff(f"{attempt.table_name} [{attempt.partition_key or 'unpartitioned'}]: backed off: {why}", why)
 
 
 def abandon(table: Table, ledger: Ledger, attempt: Attempt, reason: str) -> Attempt:
