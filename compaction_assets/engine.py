@@ -8,6 +8,7 @@ a row filter, and rows are accounted for: rows written = rows read - rows delete
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import time
@@ -338,10 +339,8 @@ class Engine:
             known = sorted(p.partition_key for p in plans)
             plans = [p for p in plans if p.partition_key == partition]
             if not plans:
-                raise CompactionError(
-                    f"table '{table_name}' has no partition '{partition}' "
-                    + (f"(known: {', '.join(known)})" if any(known) else "(it is unpartitioned)")
-                )
+                known_text = _known(table_name, partition, known)
+                raise CompactionError(f"table '{table_name}' has no partition '{partition}' {known_text}")
         if only is not None:
             wanted = set(only)
             plans = [p for p in plans if p.partition_key in wanted]
@@ -852,6 +851,15 @@ def _report_overlap(
             "columns": list(clustering.columns),
             "order": "zorder" if clustering.zorder else "sort",
         }
+
+
+def _known(table_name: str, partition: str, known: list[str]) -> str:
+    """The table's partitions for a message: a few (the likeliest meant first) and the count."""
+    if not any(known):
+        return "(it is unpartitioned: leave out --partition)"
+    shown = difflib.get_close_matches(partition, known, n=3, cutoff=0.6) or known[:3]
+    more = f", ... ({len(known)} in all)" if len(known) > len(shown) else ""
+    return f"(it has {', '.join(shown)}{more}; `compaction-assets plan {table_name}` lists them)"
 
 
 def _first_line(exc: BaseException) -> str:

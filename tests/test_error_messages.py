@@ -133,3 +133,16 @@ def test_a_backed_off_partition_is_named_once(lake, capsys):
     assert line.startswith("ns.t [region=eu]: backed_off: "), line
     assert line.count("ns.t [region=eu]") == 1 and "backed off" not in line, line
     assert "no longer live" in line and "the next run plans it again" in line, line
+
+
+def test_a_bad_partition_key_shows_a_few_partitions_their_count_and_how_to_list_them(lake):
+    regions = [f"r{i:02d}" for i in range(40)]
+    create_fragmented(lake, "ns.t", dict.fromkeys(regions, 1), rows=5)
+
+    run = lake.cli("compact", "ns.t", "--partition", "region=r7")
+
+    assert run.returncode == 2
+    [line] = run.stderr.splitlines()
+    assert "table 'ns.t' has no partition 'region=r7' (it has region=r" in line, line
+    assert "(40 in all); `compaction-assets plan ns.t` lists them)" in line, line
+    assert sum(f"region={r}" in line for r in regions) == 3, line  # the closest few, not all 40
