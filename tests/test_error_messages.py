@@ -146,3 +146,20 @@ def test_a_bad_partition_key_shows_a_few_partitions_their_count_and_how_to_list_
     assert "table 'ns.t' has no partition 'region=r7' (it has region=r" in line, line
     assert "(40 in all); `compaction-assets plan ns.t` lists them)" in line, line
     assert sum(f"region={r}" in line for r in regions) == 3, line  # the closest few, not all 40
+
+
+def test_a_rest_catalog_that_is_down_is_named_without_its_credentials(tmp_path):
+    port = free_port()  # nothing listens there: the catalog server is down
+    config = tmp_path / "compaction.yaml"
+    properties = {"type": "rest", "uri": f"http://admin:s3cr3t-pw@127.0.0.1:{port}/api", "credential": "id:top-secret"}
+    config.write_text(
+        yaml.safe_dump({"catalog": {"name": "prod", "properties": properties}, "state": {"uri": "sqlite:///s.db"}})
+    )
+
+    run = cli("--config", str(config), "plan", "ns.t")
+
+    assert run.returncode == 2
+    assert run.stderr == (
+        f"error: catalog 'prod' at http://admin:***@127.0.0.1:{port}/api unreachable: Connection refused; "
+        "start the catalog server or fix catalog.properties.uri\n"
+    )

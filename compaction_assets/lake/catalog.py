@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.catalog.sql import IcebergTables, SqlCatalog
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 from pyiceberg.table import Table
+from requests.exceptions import ConnectionError as HTTPConnectionError
+from requests.exceptions import Timeout
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from compaction_assets.config import CatalogConfig, CompactionConfig
 from compaction_assets.errors import CatalogError
+from compaction_assets.redact import redact
 
 
 class TableNotFound(CatalogError):
@@ -24,8 +28,21 @@ def open_catalog(cfg: CatalogConfig) -> Catalog:
     _ensure_local_dirs(cfg.properties)
     try:
         return load_catalog(cfg.name, **cfg.properties)
+    except (HTTPConnectionError, Timeout) as exc:  # a REST catalog that is down: not urllib3's retry text
+        raise CatalogError(
+            f"catalog '{cfg.name}' at {redact(cfg.properties.get('uri', '?'))} unreachable: {_http_cause(exc)}; "
+            "start the catalog server or fix catalog.properties.uri"
+        ) from None
     except Exception as exc:  # pyiceberg raises many types for unreachable/misconfigured catalogs
         raise CatalogError(f"catalog '{cfg.name}': cannot open it: {exc}") from exc
+
+
+def _http_cause(exc: Exception) -> str:
+    """The root cause of a requests error in a few words (`Connection refused`, `Read timed out`)."""
+    text = str(exc)
+    if m := re.search(r"\[Errno -?\d+\] ([^\"')]+)", text):
+        return m.group(1).strip()
+    return "timed out" if isinstance(exc, Timeout) else type(exc).__name__
 
 
 def load_table(catalog: Catalog, name: str) -> Table:
