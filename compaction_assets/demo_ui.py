@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import signal
 import sys
 import threading
 from collections.abc import Iterator
@@ -49,7 +48,7 @@ def run_dagster_dev(config: CompactionConfig, port: int, stream: bool) -> int:
     command = [str(Path(sys.executable).parent / "dagster"), "dev", "-h", "127.0.0.1", "-p", str(port)]
     stack = Stack(config)
     stop = threading.Event()
-    with signals_raise() as received:
+    with signals_raise():
         try:
             stack.start_spark()
             stack.start_run_host(home, env)
@@ -73,7 +72,7 @@ def run_dagster_dev(config: CompactionConfig, port: int, stream: bool) -> int:
             return 0
         finally:
             stop.set()
-            stack.stop(received[0] if received else signal.SIGTERM)
+            stack.stop()
 
 
 @contextmanager

@@ -94,12 +94,13 @@ class Stack:
             (f"{name} (exit code {p.returncode})" for name, p in self.parts.items() if p.poll() is not None), None
         )
 
-    def stop(self, signum: int = signal.SIGTERM) -> float:
-        """Signal every part's session at once (the Spark server's only if started here), SIGKILL
-        what is left after the grace; returns the seconds it took."""
-        sessions = [p.pid for p in self.parts.values()]
+    def stop(self) -> float:
+        """SIGINT (Dagster's graceful interrupt) to every part's session and SIGTERM to the Spark
+        server's (only if started here) at once, SIGKILL what is left after the grace; returns the
+        seconds it took."""
         spark_pid = connect_server.status(self.config.spark).pid if self.spark_started else None
-        seconds, left = stop_sessions([*sessions, session_of(spark_pid) if spark_pid else None], signum)
+        sessions = [(p.pid, signal.SIGINT) for p in self.parts.values()]
+        seconds, left = stop_sessions([*sessions, (session_of(spark_pid) if spark_pid else None, signal.SIGTERM)])
         for process in self.parts.values():
             process.poll()  # reap
         if self.spark_started:
@@ -128,7 +129,7 @@ def serve(config: CompactionConfig, port: int) -> int:
     }
     bin_dir = Path(sys.executable).parent
     stack = Stack(config)
-    with signals_raise() as received:
+    with signals_raise():
         try:
             stack.start_spark()
             stack.start_run_host(home, env)
@@ -145,7 +146,7 @@ def serve(config: CompactionConfig, port: int) -> int:
         except Stop:
             return 0
         finally:
-            stack.stop(received[0] if received else signal.SIGTERM)
+            stack.stop()
 
 
 def _wait_ready(stack: Stack, url: str) -> None:

@@ -1,6 +1,6 @@
 """`compaction-assets demo` as a user runs it: runs on the warm Spark it started, report their
 fixed cost, a new table appears in the UI without a manual reload, and SIGINT or SIGTERM to the
-demo's PID leaves no process behind."""
+demo's PID stops every process of it (Spark JVM and workers included) within 10 s."""
 
 import contextlib
 import json
@@ -111,16 +111,22 @@ def test_demo_runs_on_warm_spark_and_a_signal_stops_everything(tmp_path, signum,
         before = session_members(demo.pid) + session_members(dagster_dev) + session_members(run_host)
         assert len(before) > 3  # demo, dagster dev, webserver, daemon, code server, run host, Spark, ...
 
+        every = {*before, *session_members(_session(server_pid)), *_descendants(demo.pid)}  # Spark JVM, workers too
+
+        began = time.monotonic()
         if to_group:
             os.killpg(demo.pid, signum)
         else:
             demo.send_signal(signum)
-        assert demo.wait(timeout=180) == 0
-
-        left = [p for p in before if _alive(p)] + session_members(demo.pid) + session_members(dagster_dev)
-        left += session_members(run_host)
-        assert not left, f"left behind: {left}"
-        wait_for(lambda: not _alive(server_pid), 15, "the demo's Spark server outlived it", log)
+        while any(_alive(p) for p in every) and time.monotonic() - began < 60:
+            demo.poll()
+            time.sleep(0.05)
+        seconds = time.monotonic() - began
+        print(f"demo stop took {seconds:.1f}s for {len(every)} processes, load average {os.getloadavg()}")
+        left = {p: _cmdline(p)[:100] for p in every if _alive(p)}
+        assert seconds <= 10 and not left, f"{seconds:.1f}s, left behind: {left}\n{log.read_text()[-3000:]}"
+        assert demo.wait(timeout=5) == 0
+        assert not session_members(dagster_dev) + session_members(run_host) + session_members(demo.pid)
         assert not answers(url) and not listening(ui_port) and closed_soon(spark_port)
         output = log.read_text()
         assert "will not be used" not in output  # Dagster's warning about a dagster.yaml in the cwd
@@ -151,6 +157,18 @@ def _children(parent: int) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def _descendants(root: int) -> list[int]:
+    found, todo = [], [root]
+    while todo:
+        found.append(todo.pop())
+        todo += _children(found[-1])
+    return found
+
+
+def _session(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[3])
 
 
 def _cmdline(pid: int) -> bytes:
