@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import click
 
 from compaction_assets.commit.ledger import Ledger
+from compaction_assets.commit.recovery import open_attempts_note
 from compaction_assets.config import load_config
 from compaction_assets.engine import Engine, PartitionOutcome
 from compaction_assets.errors import CatalogError, CompactionError, ConfigError
@@ -114,8 +115,11 @@ def main(ctx: click.Context, config: str | None, verbose: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @click.pass_context
 def plan(ctx: click.Context, table: str, as_json: bool) -> None:
-    """Show what compaction would do to TABLE, partition by partition."""
-    tplan = _engine(ctx, read_only=True).plan(table)
+    """Show what compaction would do to TABLE, partition by partition, and which open attempts
+    hold its files (whose process runs, whose is gone and what to run then)."""
+    engine = _engine(ctx, read_only=True)
+    tplan = engine.plan(table)
+    in_flight = open_attempts_note(engine.ledger, table, engine.config.state.executing_timeout_seconds)
     if as_json:
         doc = {
             "table": table,
@@ -138,6 +142,7 @@ def plan(ctx: click.Context, table: str, as_json: bool) -> None:
                 for p in tplan.partitions
             ],
             "manifests": _manifests_doc(tplan.manifests),
+            "in_flight": in_flight,
         }
         click.echo(json.dumps(doc, indent=2))
         return
@@ -188,6 +193,8 @@ def plan(ctx: click.Context, table: str, as_json: bool) -> None:
             f"{s.deleted_rows:>9} {s.delete_ratio:>5.2f} {s.read_amplification:>6.2f}  {what}"
         )
     click.echo(f"{len(tplan.to_compact)} of {len(tplan.partitions)} partition(s) to compact")
+    for line in in_flight:
+        click.echo(f"in flight: {line}")
     if (m := tplan.manifests) is not None:
         if not m.due:
             click.echo(f"table: nothing: {m.reason}")
@@ -283,7 +290,9 @@ def compact(ctx: click.Context, table: str, partition: str | None, task_id: str 
 def recover(ctx: click.Context) -> None:
     """Finish or undo every attempt a crash left open (PREPARED, dead EXECUTING).
 
-    Each attempt is recovered on its own. Exit code 1 means some attempt could not be decided in
+    Each attempt is decided on its own; those to recommit are committed together, one snapshot
+    per table, each with the checks of a normal commit. `compact TABLE` does the same for the
+    table's attempts before it plans. Exit code 1 means some attempt could not be decided in
     this run (each is named on stderr with its table); it stays open and is tried again next run.
     At its third failure an attempt is parked instead (FAILED with the reason, its files left
     alone; exit 0), so one bad attempt does not fail every later run; only a table that cannot be

@@ -24,9 +24,9 @@ from pyiceberg.table.locations import load_location_provider
 from pyspark.sql import SparkSession
 
 from compaction_assets.commit.heartbeat import Heartbeat
-from compaction_assets.commit.ledger import Attempt, Ledger, StaleAttempt
+from compaction_assets.commit.ledger import OPEN, Attempt, Claimed, Ledger, StaleAttempt
 from compaction_assets.commit.manifest_rewrite import ManifestRewriteReport, rewrite_manifests
-from compaction_assets.commit.recovery import RecoveryReport, recover
+from compaction_assets.commit.recovery import RecoveryReport, describe_holder, recover
 from compaction_assets.commit.two_phase import CommitResult, abandon, commit_together
 from compaction_assets.config import CompactionConfig
 from compaction_assets.errors import BackOff, CompactionError
@@ -199,8 +199,15 @@ class Engine:
 
         The driver's work allocates an object or more per source file (entries, plans, specs,
         results): Python's cyclic collector is paused meanwhile (see gc_pause), else its sweeps of
-        a long-lived process's heap cost a 5,000-file compaction 0.2-0.3 s each, at random."""
+        a long-lived process's heap cost a 5,000-file compaction 0.2-0.3 s each, at random.
+
+        Open attempts of the table (of its compacted partitions) whose process is gone are recovered
+        first (commit/recovery.py). A partition another open attempt holds is skipped with the
+        holder and what to run: each partition's attempt is claimed in the ledger (Ledger.begin),
+        so a second `compact` of the table, started at the same moment, takes the partitions the
+        first has not claimed."""
         started = time.monotonic()
+        self._recover_orphans(table_name, partition, partitions)
         table = load_table(self.catalog, table_name)
         tplan, files = self._plan(table, table_name, partition, partitions)
         plan_done = time.monotonic()
@@ -211,6 +218,7 @@ class Engine:
             for p in tplan.partitions
             if id(p) not in chosen
         ]
+        self._say_who_holds(table_name, outcomes)
         if not todo:
             return outcomes
         log.info(
@@ -222,7 +230,8 @@ class Engine:
         crash_point("after_plan")
         with Heartbeat(self.ledger, self.config.state.heartbeat_seconds) as heartbeat:
             runs = len(todo) if partitions is None else max(len(todo), len(partitions))
-            work, job, tiers, tier_run = self._begin(table, table_name, tplan, files, todo, (task_id, runs))
+            work, job, tiers, tier_run, held = self._begin(table, table_name, tplan, files, todo, (task_id, runs))
+            outcomes.extend(held)
             for item in [*work, *tiers]:
                 heartbeat.track(item.attempt.attempt_id)
             planned = time.monotonic()
@@ -249,6 +258,7 @@ class Engine:
             )
             finished = [self._prepare(table, item, [results[i] for i in item.groups]) for item in work]
             finished += [self._prepare_tier(table, item, tier_results[i]) for i, item in enumerate(tiers)]
+            crash_point("before_commit")
             self._commit(table, list(zip([*work, *tiers], finished, strict=True)))
             if tplan.clustering is not None:
                 _report_overlap(tplan.clustering, files, list(zip(work, finished[: len(work)], strict=True)))
@@ -285,6 +295,37 @@ class Engine:
 
     def recover(self) -> RecoveryReport:
         return recover(self.catalog, self.ledger, self.config.state.executing_timeout_seconds)
+
+    def _recover_orphans(self, table_name: str, partition: str | None, partitions: Collection[str] | None) -> None:
+        """Recover the open attempts of the table (of `partition` / `partitions`, if given) whose
+        process is gone, before planning, so a crashed run does not hold them until `recover` runs.
+        What cannot be recovered stays open: the partition is then skipped naming it (_say_who_holds)."""
+        scope = {partition} if partition is not None else set(partitions) if partitions is not None else None
+        report = recover(self.catalog, self.ledger, self.config.state.executing_timeout_seconds, table_name, scope)
+        if report.handled:
+            log.info(
+                "%s: recovered %d attempt(s) of processes that are gone: %d confirmed committed, %d recommitted, "
+                "%d rolled back, %d abandoned, %d parked",
+                table_name,
+                report.handled,
+                len(report.confirmed),
+                len(report.recommitted),
+                len(report.rolled_back),
+                len(report.abandoned),
+                len(report.parked),
+            )
+        for error in report.errors:
+            log.warning("%s: could not recover %s; run `compaction-assets recover` once it is fixed", table_name, error)
+
+    def _say_who_holds(self, table_name: str, skipped: list[PartitionOutcome]) -> None:
+        """Add to each skipped partition's reason the open attempts holding its files, and what to run."""
+        holders: dict[str, list[Attempt]] = {}
+        for attempt in self.ledger.attempts(statuses=OPEN, table_name=table_name) if skipped else ():
+            holders.setdefault(attempt.partition_key, []).append(attempt)
+        timeout = self.config.state.executing_timeout_seconds
+        for outcome in skipped:
+            for attempt in holders.get(outcome.partition_key, ()):
+                outcome.reason += f"; {len(attempt.source_files)} file(s) held by {describe_holder(attempt, timeout)}"
 
     def gc(self, table_name: str, dry_run: bool = False) -> GcReport:
         table = load_table(self.catalog, table_name)
@@ -379,18 +420,20 @@ class Engine:
         files: dict[str, LiveFile],
         todo: list[PartitionPlan],
         task: tuple[str | None, int],
-    ) -> tuple[list[_Work], RewriteJob, list[_Work], TierRun]:
+    ) -> tuple[list[_Work], RewriteJob, list[_Work], TierRun, list[PartitionOutcome]]:
         """Begin one attempt per partition and build the rewrite job (data rewrites) and the tier
-        run (delete-file tiers). If anything raises meanwhile, the attempts already begun are
+        run (delete-file tiers); the last item: the partitions skipped because another open attempt
+        holds them (Claimed). If anything raises meanwhile, the attempts already begun are
         abandoned (FAILED, with the error) before it propagates."""
         work: list[_Work] = []
         tiers: list[_Work] = []
+        held: list[PartitionOutcome] = []
         try:
             rewrites = [p for p in todo if not p.is_tier]
-            job = self._build_job(table, table_name, tplan, files, rewrites, task, work)
+            job = self._build_job(table, table_name, tplan, files, rewrites, task, work, held)
             tier_plans = [p for p in todo if p.is_tier]
-            tier_run = self._build_tiers(table, table_name, tplan, files, tier_plans, task, tiers)
-            return work, job, tiers, tier_run
+            tier_run = self._build_tiers(table, table_name, tplan, files, tier_plans, task, tiers, held)
+            return work, job, tiers, tier_run, held
         except Exception as exc:
             for item in [*work, *tiers]:
                 self._abandon(table, item.attempt, f"could not start the rewrite: {_first_line(exc)}")
@@ -407,7 +450,8 @@ class Engine:
         rows_in: int,
         bytes_in: int,
     ) -> Attempt:
-        """An EXECUTING ledger row for one partition's plan, on the plan's snapshot."""
+        """An EXECUTING ledger row for one partition's plan, on the plan's snapshot, claimed:
+        raises Claimed if another open attempt holds the partition or one of the sources."""
         return self.ledger.begin(
             task_id=_task_id(*task, plan),
             table_name=table_name,
@@ -418,7 +462,13 @@ class Engine:
             output_dirs=[out_dir],
             rows_in=rows_in,
             bytes_in=bytes_in,
+            claim=True,
         )
+
+    def _skip_held(self, table_name: str, plan: PartitionPlan, claimed: Claimed, held: list[PartitionOutcome]) -> None:
+        """A partition another open attempt claimed first: skipped, saying which and what to run."""
+        holder = describe_holder(claimed.holder, self.config.state.executing_timeout_seconds)
+        held.append(_skipped(table_name, plan, f"planned {plan.kind}, not run: the partition is held by {holder}"))
 
     def _build_tiers(
         self,
@@ -429,6 +479,7 @@ class Engine:
         todo: list[PartitionPlan],
         task: tuple[str | None, int],
         tiers: list[_Work],
+        held: list[PartitionOutcome],
     ) -> TierRun:
         """Fill `tiers` with an attempt per delete-file tier plan, and return their Spark run.
         The attempt replaces the plan's delete files; a conversion also records (when it ends)
@@ -438,16 +489,20 @@ class Engine:
         for plan in todo:
             out_dir = f"{data_path}/{plan.partition_key}" if plan.partition_key else data_path
             deletes = [files[p] for p in plan.delete_paths]
-            attempt = self._begin_attempt(
-                table_name,
-                tplan,
-                plan,
-                task,
-                out_dir,
-                list(plan.delete_paths),
-                rows_in=sum(d.record_count for d in deletes),
-                bytes_in=sum(d.size for d in deletes),
-            )
+            try:
+                attempt = self._begin_attempt(
+                    table_name,
+                    tplan,
+                    plan,
+                    task,
+                    out_dir,
+                    list(plan.delete_paths),
+                    rows_in=sum(d.record_count for d in deletes),
+                    bytes_in=sum(d.size for d in deletes),
+                )
+            except Claimed as claimed:
+                self._skip_held(table_name, plan, claimed, held)
+                continue
             tiers.append(_Work(plan, attempt))
             if plan.kind == Kind.CONVERT_EQUALITY_DELETES:
                 covered = [files[p] for p in plan.covered_data_paths]
@@ -502,8 +557,10 @@ class Engine:
         todo: list[PartitionPlan],
         task: tuple[str | None, int],
         work: list[_Work],
+        held: list[PartitionOutcome],
     ) -> RewriteJob:
-        """Fill `work` with an attempt per partition as each is begun, and return the job."""
+        """Fill `work` with an attempt per partition as each is begun (`held`: those another open
+        attempt holds, skipped), and return the job."""
         data_path = load_location_provider(table.location(), table.properties).data_path
         groups: list[GroupSpec] = []
         clustering = tplan.clustering
@@ -516,16 +573,20 @@ class Engine:
             sort = clustering is not None and plan.kind in SORTED_KINDS and not repartition
             out_dir = f"{data_path}/{plan.partition_key}" if plan.partition_key and not repartition else data_path
             dropped = [files[p] for p in plan.drop_paths]
-            attempt = self._begin_attempt(
-                table_name,
-                tplan,
-                plan,
-                task,
-                out_dir,
-                plan.source_paths,
-                rows_in=sum(g.records for g in plan.groups) + sum(f.record_count for f in dropped),
-                bytes_in=plan.input_bytes + sum(f.size for f in dropped),
-            )
+            try:
+                attempt = self._begin_attempt(
+                    table_name,
+                    tplan,
+                    plan,
+                    task,
+                    out_dir,
+                    plan.source_paths,
+                    rows_in=sum(g.records for g in plan.groups) + sum(f.record_count for f in dropped),
+                    bytes_in=plan.input_bytes + sum(f.size for f in dropped),
+                )
+            except Claimed as claimed:
+                self._skip_held(table_name, plan, claimed, held)
+                continue
             item = _Work(plan, attempt)
             expiry = None
             if plan.kind == Kind.EXPIRE and isinstance(tplan.expire, ExpireRule):

@@ -23,6 +23,7 @@ POINTS = (
     "after_plan",
     "after_rewrite",  # result files written, ledger row still EXECUTING
     "after_prepare",  # ledger row PREPARED, Iceberg not yet committed
+    "before_commit",  # every partition of the run PREPARED, Iceberg not yet committed
     "after_iceberg_commit",  # snapshot committed, ledger row still PREPARED
     "gc_after_expire",  # snapshots expired, their files not yet deleted
 )

@@ -45,7 +45,7 @@ def build_job(lake: Lake, name: str) -> tuple[RewriteJob, list[_Work]]:
     tplan, files = engine._plan(table, name, None)
     work: list[_Work] = []
     todo = [p for p in tplan.to_compact if not p.is_tier]
-    return engine._build_job(table, name, tplan, files, todo, (None, len(todo)), work), work
+    return engine._build_job(table, name, tplan, files, todo, (None, len(todo)), work, []), work
 
 
 def group_of(job: RewriteJob, path: str):

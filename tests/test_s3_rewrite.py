@@ -43,7 +43,7 @@ def _job(engine: Engine, table_name: str) -> RewriteJob:
     """The rewrite job the engine would send to Spark for `table_name` (attempts begun in the ledger)."""
     table = load_table(engine.catalog, table_name)
     tplan, files = engine._plan(table, table_name, None)
-    _, job, _, _ = engine._begin(table, table_name, tplan, files, tplan.to_compact, (None, len(tplan.to_compact)))
+    _, job, _, _, _ = engine._begin(table, table_name, tplan, files, tplan.to_compact, (None, len(tplan.to_compact)))
     return RewriteJob.from_json(job.to_json())
 
 

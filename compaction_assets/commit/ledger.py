@@ -39,7 +39,7 @@ from sqlalchemy import (
     text,
     update,
 )
-from sqlalchemy.exc import DatabaseError
+from sqlalchemy.exc import DatabaseError, IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from compaction_assets.errors import CompactionError
@@ -56,6 +56,7 @@ class Status(StrEnum):
 
 
 OPEN = (Status.EXECUTING, Status.PREPARED)
+TABLE_WIDE_KIND = "rewrite-manifests"  # commit.manifest_rewrite.KIND: holds no partition (see Ledger.begin)
 KIND_LENGTH = 64  # "convert-equality-deletes" needs 24; ledgers created before it have 16
 
 
@@ -98,6 +99,15 @@ class AttemptRow(_Base):
     removed_deletes: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
     # rows of rows_in a data expiration dropped on purpose (kind expire; None: none expired)
     rows_expired: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class TableLock(_Base):
+    """One row per table, updated first by every claiming `begin`: claims of a table take turns."""
+
+    __tablename__ = "compaction_table_locks"
+
+    table_name: Mapped[str] = mapped_column(String(512), primary_key=True)
+    claims: Mapped[int] = mapped_column(BigInteger, default=0)
 
 
 @dataclass(frozen=True)
@@ -148,6 +158,14 @@ class StaleAttempt(CompactionError):
         super().__init__(f"attempt {attempt_id}: expected {expected_s}, found {actual or 'no such attempt'}{why}")
 
 
+class Claimed(CompactionError):
+    """A claiming `begin` found the partition (or one of its source files) held by another open attempt."""
+
+    def __init__(self, holder: Attempt) -> None:
+        self.holder = holder
+        super().__init__(f"held by attempt {holder.attempt_id} ({holder.status}) of {holder.table_name}")
+
+
 class Ledger:
     """Task attempts and their transitions, in the database at `uri` (created if missing)."""
 
@@ -180,8 +198,15 @@ class Ledger:
         rows_in: int,
         bytes_in: int,
         covered_files: list[str] | None = None,
+        claim: bool = False,
     ) -> Attempt:
         """Record a new EXECUTING attempt of `task_id` (attempt numbers count up per task).
+
+        `claim`: only if no other open attempt of the table holds the partition (any kind but a
+        manifest rewrite) or one of `source_files`, else raise Claimed naming it. Race-free across
+        processes and hosts: the check and the insert run in one transaction that first updates
+        the table's row in compaction_table_locks (a row lock in PostgreSQL, the write lock in
+        SQLite), so two claims of one table take turns and the second sees the first's attempt.
 
         `source_files` are the files it replaces (data or delete files); `covered_files`, for an
         attempt that replaces equality deletes, the data files whose rows it accounted for (the
@@ -190,7 +215,15 @@ class Ledger:
         task ids comma-separated in its `compaction.task-id` summary property."""
         if "," in task_id:
             raise CompactionError(f"task id {task_id!r} contains a comma (reserved as the separator of task ids)")
+        if claim:
+            self._ensure_lock_row(table_name)
         with Session(self._engine) as session, session.begin():
+            if claim:
+                session.execute(
+                    update(TableLock).where(TableLock.table_name == table_name).values(claims=TableLock.claims + 1)
+                )
+                if holder := _holder(session, table_name, partition_key, {*source_files, *(covered_files or ())}):
+                    raise Claimed(holder)
             last = session.scalar(select(func.max(AttemptRow.attempt_number)).where(AttemptRow.task_id == task_id))
             now = _now()
             row = AttemptRow(
@@ -216,6 +249,16 @@ class Ledger:
             session.add(row)
             session.flush()
             return Attempt._from_row(row)
+
+    def _ensure_lock_row(self, table_name: str) -> None:
+        with Session(self._engine) as session:
+            if session.get(TableLock, table_name) is not None:
+                return
+            session.add(TableLock(table_name=table_name, claims=0))
+            try:
+                session.commit()
+            except IntegrityError:  # another process added it first
+                session.rollback()
 
     def prepare(
         self,
@@ -397,6 +440,20 @@ class Ledger:
                 raise StaleAttempt(attempt_id, expected, row.status if row else None)
             session.refresh(row)
             return Attempt._from_row(row)
+
+
+def _holder(session: Session, table_name: str, partition_key: str, paths: set[str]) -> Attempt | None:
+    """The first open attempt of the table on the partition (manifest rewrites hold none) or on one of `paths`."""
+    query = (
+        select(AttemptRow)
+        .where(AttemptRow.table_name == table_name, AttemptRow.status.in_([str(s) for s in OPEN]))
+        .order_by(AttemptRow.created_at, AttemptRow.attempt_id)
+    )
+    for row in session.scalars(query):
+        same_partition = row.partition_key == partition_key and row.kind != TABLE_WIDE_KIND
+        if same_partition or not paths.isdisjoint(row.source_files) or not paths.isdisjoint(row.covered_files or ()):
+            return Attempt._from_row(row)
+    return None
 
 
 def _migrate(engine: Engine) -> None:

@@ -1,8 +1,11 @@
 """Recovery: finish or undo every attempt a crash left open, so nothing is lost or duplicated.
 
 Only attempts whose process is gone (same host, pid not alive) or that have not moved for longer
-than the timeout are touched: a live process finishes its own attempt. Each attempt is recovered
-on its own: one that raises is reported (table and attempt id) and the others still recovered.
+than the timeout are touched: a live process finishes its own attempt. Each attempt is decided on
+its own: one that raises is reported (table and attempt id) and the others still recovered. The
+attempts to recommit are committed together, one snapshot per table (commit_together, the same
+checks per attempt; attempts sharing a source or covered file go to separate snapshots, data
+expirations to their own); one whose batch raised is retried alone.
 
 PREPARED, decided from the table's state (any engine may have expired our snapshot meanwhile);
 result files are data files, or delete files (the merge-on-read tiers), both read from the
@@ -26,22 +29,33 @@ EXECUTING: mark FAILED, delete the files it wrote that nothing references.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
 from compaction_assets.commit import manifest_rewrite
-from compaction_assets.commit.ledger import Attempt, Ledger, StaleAttempt, Status
-from compaction_assets.commit.two_phase import abandon, commit_prepared, commit_snapshot, confirm_committed
+from compaction_assets.commit.ledger import OPEN, Attempt, Ledger, StaleAttempt, Status
+from compaction_assets.commit.two_phase import (
+    EXPIRE_KIND,
+    CommitResult,
+    abandon,
+    commit_prepared,
+    commit_snapshot,
+    commit_together,
+    confirm_committed,
+)
 from compaction_assets.errors import BackOff, CompactionError
 from compaction_assets.lake.catalog import TableNotFound, load_table
+from compaction_assets.lake.datafile_codec import datafile_from_json
 from compaction_assets.lake.manifest_cache import live_entries
 from compaction_assets.lake.storage import PathSet
 
+log = logging.getLogger("compaction_assets")
 PARK_AFTER = 3  # recoveries of one attempt that raised before it is parked
 
 
@@ -83,17 +97,116 @@ def orphaned_because(attempt: Attempt, cutoff: dt.datetime) -> str | None:
     return None
 
 
-def recover(catalog: Catalog, ledger: Ledger, executing_timeout_seconds: int) -> RecoveryReport:
-    """Recover every orphaned open attempt, each on its own (see the module docstring)."""
+def describe_holder(attempt: Attempt, executing_timeout_seconds: int) -> str:
+    """Which open attempt holds a partition's files, whether its process lives, and what to run."""
+    cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=executing_timeout_seconds)
+    held = f"attempt {attempt.attempt_id} ({attempt.status} since {attempt.created_at:%Y-%m-%d %H:%M:%S} UTC)"
+    if why := orphaned_because(attempt, cutoff):
+        return f"{held}: {why}; run `compaction-assets recover` (it finishes the attempt, or says why it cannot)"
+    owner = f"process {attempt.pid} on {attempt.host}"
+    if attempt.host != socket.gethostname():
+        return (
+            f"{held} of {owner}, alive by its heartbeat (taken for dead after "
+            f"state.executing_timeout_seconds={executing_timeout_seconds} without one): it finishes the attempt"
+        )
+    return f"{held} of {owner}, which is running: it finishes the attempt, nothing to run"
+
+
+def open_attempts_note(ledger: Ledger, table_name: str, executing_timeout_seconds: int) -> list[str]:
+    """A line per open attempt of the table, by partition: what `plan` and `compact` say about files in flight."""
+    return [
+        f"{a.partition_key or '(unpartitioned)'}: {len(a.source_files)} file(s) held by "
+        + describe_holder(a, executing_timeout_seconds)
+        for a in ledger.attempts(statuses=OPEN, table_name=table_name)
+    ]
+
+
+def recover(
+    catalog: Catalog,
+    ledger: Ledger,
+    executing_timeout_seconds: int,
+    table_name: str | None = None,
+    partitions: Collection[str] | None = None,
+) -> RecoveryReport:
+    """Recover every orphaned open attempt (only `table_name`'s, and of those only the ones on
+    `partitions`, if given): see the module docstring."""
     report = RecoveryReport()
     cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=executing_timeout_seconds)
-    for attempt in ledger.attempts(statuses=[Status.PREPARED]):
-        if orphaned_because(attempt, cutoff):
-            _isolated(ledger, attempt, report, lambda a=attempt: _recover_prepared(catalog, ledger, a, report))
-    for attempt in ledger.attempts(statuses=[Status.EXECUTING]):
-        if why := orphaned_because(attempt, cutoff):
-            _isolated(ledger, attempt, report, lambda a=attempt, w=why: _abandon(catalog, ledger, a, w, report))
+
+    def orphaned(status: Status) -> list[tuple[Attempt, str]]:
+        found = ledger.attempts(statuses=[status], table_name=table_name)
+        found = [a for a in found if partitions is None or a.partition_key in partitions]
+        return [(a, why) for a in found if (why := orphaned_because(a, cutoff))]
+
+    by_table: dict[str, list[Attempt]] = {}
+    for attempt, _ in orphaned(Status.PREPARED):
+        by_table.setdefault(attempt.table_name, []).append(attempt)
+    for attempts in by_table.values():
+        _recover_table(catalog, ledger, attempts, report)
+    for attempt, why in orphaned(Status.EXECUTING):
+        _isolated(ledger, attempt, report, lambda a=attempt, w=why: _abandon(catalog, ledger, a, w, report))
     return report
+
+
+def _recover_table(catalog: Catalog, ledger: Ledger, attempts: list[Attempt], report: RecoveryReport) -> None:
+    """Decide each PREPARED attempt of one table, then recommit those to recommit together."""
+    loaded: list[Table | None] = []
+
+    def table() -> Table | None:  # loaded once (a failed load is tried again for the next attempt)
+        if not loaded:
+            loaded.append(_load(catalog, attempts[0]))
+        return loaded[0]
+
+    recommit: list[Attempt] = []
+    for attempt in attempts:
+        _isolated(ledger, attempt, report, lambda a=attempt: _recover_prepared(table, ledger, a, report, recommit))
+    for batch in _batches(recommit):
+        _recommit(table(), ledger, batch, report)
+
+
+def _batches(attempts: list[Attempt]) -> list[list[Attempt]]:
+    """Attempts to commit together: no two share a source or covered file (a snapshot may not
+    replace a file twice), data expirations apart from compactions (snapshot_operation)."""
+    batches: list[tuple[bool, set[str], list[Attempt]]] = []
+    for attempt in attempts:
+        expiring, paths = attempt.kind == EXPIRE_KIND, {*attempt.source_files, *(attempt.covered_files or ())}
+        batch = next((b for b in batches if b[0] == expiring and b[1].isdisjoint(paths)), None)
+        if batch is None:
+            batches.append(batch := (expiring, set(), []))
+        batch[1].update(paths)
+        batch[2].append(attempt)
+    return [b[2] for b in batches]
+
+
+def _recommit(table: Table, ledger: Ledger, batch: list[Attempt], report: RecoveryReport) -> None:
+    """Commit a batch in one snapshot; attempts it left unsettled (it raised) are recovered alone."""
+    results: dict[str, CommitResult] = {}
+    if len(batch) > 1:
+        try:
+            commit_together(table, ledger, batch, results)
+        except Exception as exc:  # each unsettled attempt is tried alone below
+            log.warning(
+                "%s: recommitting %d attempts together failed, one at a time now: %s",
+                batch[0].table_name,
+                len(batch),
+                exc,
+            )
+    for attempt in batch:
+        result = results.get(attempt.attempt_id)
+        if result is None:
+            _isolated(ledger, attempt, report, lambda a=attempt: _recommit_alone(table, ledger, a, report))
+        elif isinstance(result, BackOff):
+            report.rolled_back.append(attempt.attempt_id)
+        elif not isinstance(result, StaleAttempt):  # stale: another recovery or its process ended it
+            report.recommitted.append(attempt.attempt_id)
+
+
+def _recommit_alone(table: Table, ledger: Ledger, attempt: Attempt, report: RecoveryReport) -> None:
+    try:
+        commit_prepared(table, ledger, attempt)
+        report.recommitted.append(attempt.attempt_id)
+    except BackOff:
+        report.rolled_back.append(attempt.attempt_id)
 
 
 def _isolated(ledger: Ledger, attempt: Attempt, report: RecoveryReport, recover_one: Callable[[], None]) -> None:
@@ -143,8 +256,11 @@ def _abandon(catalog: Catalog, ledger: Ledger, attempt: Attempt, why: str, repor
     report.abandoned.append(attempt.attempt_id)
 
 
-def _recover_prepared(catalog: Catalog, ledger: Ledger, attempt: Attempt, report: RecoveryReport) -> None:
-    table = _load(catalog, attempt)
+def _recover_prepared(
+    load: Callable[[], Table | None], ledger: Ledger, attempt: Attempt, report: RecoveryReport, recommit: list[Attempt]
+) -> None:
+    """Decide one PREPARED attempt: settled here, or appended to `recommit` (see the module docstring)."""
+    table = load()
     if table is None:
         ledger.mark_rolled_back(attempt.attempt_id, "table dropped before commit")
         report.rolled_back.append(attempt.attempt_id)
@@ -177,11 +293,9 @@ def _recover_prepared(catalog: Catalog, ledger: Ledger, attempt: Attempt, report
         )
         report.rolled_back.append(attempt.attempt_id)
         return
-    try:
-        commit_prepared(table, ledger, attempt)
-        report.recommitted.append(attempt.attempt_id)
-    except BackOff:
-        report.rolled_back.append(attempt.attempt_id)
+    for doc in attempt.result_files:  # a record that cannot be read fails this attempt alone, not its batch
+        datafile_from_json(doc)
+    recommit.append(attempt)
 
 
 def committed_by_state(table: Table, attempt: Attempt) -> int | None:
