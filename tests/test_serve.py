@@ -220,6 +220,18 @@ def test_serve_runs_the_stack_on_your_own_lake_and_a_signal_stops_it_within_10s(
         for part in (b"dagster-webserver", b"dagster-daemon", b"compaction_assets.dagster_host", b"SparkConnectServer"):
             assert any(part in command for command in commands.values()), f"{part} not running"
 
+        if signum == signal.SIGTERM:  # stop with a compaction run in flight: a fork of the run host
+            [host] = [
+                pid
+                for pid, command in commands.items()
+                if b"compaction_assets.dagster_host" in command
+                and (
+                    Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1] == str(serve.pid)  # not a fork
+                )
+            ]
+            wait_for(lambda: len(process_tree(host)) > 1, 240, "no run started", log)
+            pids |= process_tree(host)
+
         seconds = stop_and_time(serve, pids, signum, to_group)
 
         print(f"stop took {seconds:.1f}s for {len(pids)} processes, load average {os.getloadavg()}")
