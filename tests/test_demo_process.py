@@ -111,6 +111,8 @@ def test_demo_runs_on_warm_spark_and_a_signal_stops_everything(tmp_path, signum,
         before = session_members(demo.pid) + session_members(dagster_dev) + session_members(run_host)
         assert len(before) > 3  # demo, dagster dev, webserver, daemon, code server, run host, Spark, ...
 
+        if to_group:  # Ctrl-C with a compaction run in flight (a fork of the run host)
+            wait_for(lambda: len(_descendants(run_host)) > 1, 240, "no run started", log)
         every = {*before, *session_members(_session(server_pid)), *_descendants(demo.pid)}  # Spark JVM, workers too
 
         began = time.monotonic()
