@@ -180,16 +180,18 @@ def _claim_round(ledgers: list[Ledger], partition: str) -> tuple[list[str], list
     return won, lost
 
 
-def test_a_claim_is_refused_on_a_shared_source_file_and_not_by_a_manifest_rewrite(tmp_path):
+def test_a_claim_is_refused_only_on_a_held_partition_of_the_same_table(tmp_path):
+    """A manifest rewrite (table-wide) holds no partition; another table's attempt on the same key
+    does not count; an ended attempt frees its partition."""
     ledger = Ledger(f"sqlite:///{tmp_path}/state.db")
     try:
         ledger.begin("m", "ns.t", "", "rewrite-manifests", 1, ["m1.avro"], ["/x"], 1, 1, claim=True)
         first = ledger.begin("a", "ns.t", "", "minor", 1, ["a.parquet"], ["/x"], 1, 1, claim=True)  # unpartitioned
-        ledger.begin("b", "ns.u", "", "minor", 1, ["a.parquet"], ["/x"], 1, 1, claim=True)  # another table
+        ledger.begin("b", "ns.u", "", "minor", 1, ["b.parquet"], ["/x"], 1, 1, claim=True)  # another table
         with pytest.raises(Claimed) as refused:
-            ledger.begin("c", "ns.t", "p=2", "minor", 1, ["a.parquet", "c.parquet"], ["/x"], 1, 1, claim=True)
+            ledger.begin("c", "ns.t", "", "major", 1, ["c.parquet"], ["/x"], 1, 1, claim=True)
         assert refused.value.holder.attempt_id == first.attempt_id
         ledger.mark_failed(first.attempt_id, "done")
-        ledger.begin("c", "ns.t", "p=2", "minor", 1, ["a.parquet", "c.parquet"], ["/x"], 1, 1, claim=True)
+        ledger.begin("c", "ns.t", "", "major", 1, ["c.parquet"], ["/x"], 1, 1, claim=True)
     finally:
         ledger.dispose()

@@ -159,7 +159,7 @@ class StaleAttempt(CompactionError):
 
 
 class Claimed(CompactionError):
-    """A claiming `begin` found the partition (or one of its source files) held by another open attempt."""
+    """A claiming `begin` found the partition held by another open attempt."""
 
     def __init__(self, holder: Attempt) -> None:
         self.holder = holder
@@ -171,6 +171,7 @@ class Ledger:
 
     def __init__(self, uri: str) -> None:
         self.uri = uri
+        self._locked_tables: set[str] = set()  # tables whose compaction_table_locks row exists
         is_sqlite = uri.startswith("sqlite")
         self._engine = create_engine(
             uri,
@@ -203,7 +204,9 @@ class Ledger:
         """Record a new EXECUTING attempt of `task_id` (attempt numbers count up per task).
 
         `claim`: only if no other open attempt of the table holds the partition (any kind but a
-        manifest rewrite) or one of `source_files`, else raise Claimed naming it. Race-free across
+        manifest rewrite), else raise Claimed naming it. An attempt's sources are files of its own
+        partition (partition keys are injective), so this also keeps two attempts off one file; the
+        commit's checks (sources still live) are what keeps rows right either way. Race-free across
         processes and hosts: the check and the insert run in one transaction that first updates
         the table's row in compaction_table_locks (a row lock in PostgreSQL, the write lock in
         SQLite), so two claims of one table take turns and the second sees the first's attempt.
@@ -222,7 +225,7 @@ class Ledger:
                 session.execute(
                     update(TableLock).where(TableLock.table_name == table_name).values(claims=TableLock.claims + 1)
                 )
-                if holder := _holder(session, table_name, partition_key, {*source_files, *(covered_files or ())}):
+                if holder := _holder(session, table_name, partition_key):
                     raise Claimed(holder)
             last = session.scalar(select(func.max(AttemptRow.attempt_number)).where(AttemptRow.task_id == task_id))
             now = _now()
@@ -251,14 +254,16 @@ class Ledger:
             return Attempt._from_row(row)
 
     def _ensure_lock_row(self, table_name: str) -> None:
+        if table_name in self._locked_tables:
+            return
         with Session(self._engine) as session:
-            if session.get(TableLock, table_name) is not None:
-                return
-            session.add(TableLock(table_name=table_name, claims=0))
-            try:
-                session.commit()
-            except IntegrityError:  # another process added it first
-                session.rollback()
+            if session.get(TableLock, table_name) is None:
+                session.add(TableLock(table_name=table_name, claims=0))
+                try:
+                    session.commit()
+                except IntegrityError:  # another process added it first
+                    session.rollback()
+        self._locked_tables.add(table_name)
 
     def prepare(
         self,
@@ -442,18 +447,21 @@ class Ledger:
             return Attempt._from_row(row)
 
 
-def _holder(session: Session, table_name: str, partition_key: str, paths: set[str]) -> Attempt | None:
-    """The first open attempt of the table on the partition (manifest rewrites hold none) or on one of `paths`."""
+def _holder(session: Session, table_name: str, partition_key: str) -> Attempt | None:
+    """The first open attempt of the table on the partition (a manifest rewrite holds none)."""
     query = (
         select(AttemptRow)
-        .where(AttemptRow.table_name == table_name, AttemptRow.status.in_([str(s) for s in OPEN]))
+        .where(
+            AttemptRow.table_name == table_name,
+            AttemptRow.status.in_([str(s) for s in OPEN]),
+            AttemptRow.partition_key == partition_key,
+            AttemptRow.kind != TABLE_WIDE_KIND,
+        )
         .order_by(AttemptRow.created_at, AttemptRow.attempt_id)
+        .limit(1)
     )
-    for row in session.scalars(query):
-        same_partition = row.partition_key == partition_key and row.kind != TABLE_WIDE_KIND
-        if same_partition or not paths.isdisjoint(row.source_files) or not paths.isdisjoint(row.covered_files or ()):
-            return Attempt._from_row(row)
-    return None
+    row = session.scalars(query).first()
+    return Attempt._from_row(row) if row is not None else None
 
 
 def _migrate(engine: Engine) -> None:
