@@ -495,7 +495,7 @@ def soak(minutes: float, seed: int, slots: int, workdir: str | None, update_read
     "--dataset",
     "names",
     multiple=True,
-    type=click.Choice(["small", "tiny", "typed", "wide", "cdc", "s3"]),
+    type=click.Choice(["small", "tiny", "typed", "wide", "cdc", "s3", "sorted", "zorder"]),
     help="default: all",
 )
 @click.option("--large-gib", default=2.0, show_default=True, help="size of the one-group memory run (0: skip)")
@@ -510,6 +510,21 @@ def soak(minutes: float, seed: int, slots: int, workdir: str | None, update_read
 @click.option("--drain-partitions", default=2000, show_default=True, help="partitions of the drain run (0: skip)")
 @click.option("--dir", "workdir", type=click.Path(), default=None, help="scratch folder (default: a temp folder)")
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON at the end")
+@click.option(
+    "--background-load", default=0, show_default=True, help="busy processes running beside every contender's runs"
+)
+@click.option(
+    "--quiet-and-loaded", is_flag=True, help="each dataset quiet, then at --background-load (default 2 with this flag)"
+)
+@click.option(
+    "--loaded-repeats", type=int, default=None, help="runs per contender in the loaded pass (default: --repeats)"
+)
+@click.option(
+    "--iceberg-java/--no-iceberg-java",
+    default=True,
+    show_default=True,
+    help="Iceberg Java's rewrite_data_files as a contender (where tests/interop/setup_java.sh installed it)",
+)
 def bench(
     names: tuple[str, ...],
     large_gib: float,
@@ -522,14 +537,18 @@ def bench(
     drain_partitions: int,
     workdir: str | None,
     as_json: bool,
+    background_load: int,
+    quiet_and_loaded: bool,
+    loaded_repeats: int | None,
+    iceberg_java: bool,
 ) -> None:
-    """Ours vs delta-rs vs pyarrow vs Spark on the same data; memory, fixed cost, planning scale."""
+    """Ours vs Iceberg Java vs delta-rs vs pyarrow vs Spark on the same data; memory, fixed cost, planning scale."""
     from compaction_assets.bench.cdc import CDC
-    from compaction_assets.bench.datasets import SMALL, TINY, TYPED, WIDE
+    from compaction_assets.bench.datasets import SMALL, SORTED, TINY, TYPED, WIDE, ZORDER
     from compaction_assets.bench.run import run_bench
     from compaction_assets.bench.s3_dataset import S3
 
-    sets = [d for d in (SMALL, TINY, TYPED, WIDE, CDC, S3) if not names or d.name in names]
+    sets = [d for d in (SMALL, TINY, TYPED, WIDE, CDC, S3, SORTED, ZORDER) if not names or d.name in names]
     sizes = tuple(n for n in (int(x) for x in defs_tables.split(",")) if n)
     report = run_bench(
         Path(workdir) if workdir else None,
@@ -543,6 +562,10 @@ def bench(
         drain_partitions,
         planning_files,
         sizes,
+        background_load=background_load,
+        quiet_and_loaded=quiet_and_loaded,
+        loaded_repeats=loaded_repeats,
+        with_java=iceberg_java,
     )
     if as_json:
         click.echo(report.to_json())

@@ -3,9 +3,16 @@ each repeat, keeps the rows, and the report carries the medians and every run.""
 
 from __future__ import annotations
 
-from compaction_assets.bench import memory
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from compaction_assets.bench import footprint, iceberg_java, memory
 from compaction_assets.bench.datasets import Dataset
-from compaction_assets.bench.run import NAMESPACE, TARGET, bench_config, compare
+from compaction_assets.bench.run import NAMESPACE, TARGET, bench_config, compare, comparison_lines
 from compaction_assets.bench.s3_dataset import compare_s3
 from compaction_assets.config import load_config
 from compaction_assets.engine import Engine
@@ -62,3 +69,66 @@ def test_the_memory_group_on_s3_goes_through_the_server_and_keeps_its_rows(tmp_p
     assert lines and "rows identical" in lines[-1] and "-> 1)" in lines[-1]
     assert memory.report_lines([result])[0].startswith("memory dataset=s3 path=polars peak_rss_mb=")
     assert not (tmp_path / "data" / "memory-s3-polars").exists()
+
+
+@pytest.fixture(scope="module")
+def java(tmp_path_factory):
+    if reason := iceberg_java.unavailable():
+        if os.environ.get("COMPACTION_REQUIRE_JAVA") == "1":
+            pytest.fail(f"Iceberg Java is required here (COMPACTION_REQUIRE_JAVA=1): {reason}", pytrace=False)
+        pytest.skip(reason)
+    session = iceberg_java.JavaIceberg(tmp_path_factory.mktemp("java") / "iceberg-java.log")
+    yield session
+    session.close()
+
+
+def test_iceberg_java_rewrites_a_copy_of_the_table_with_the_same_rows(tmp_path, spark, java):
+    engine = Engine(load_config(bench_config(tmp_path)), spark=lambda: spark)
+    engine.catalog.create_namespace(NAMESPACE)
+    lines: list[str] = []
+
+    reports = [
+        compare(engine, spark, tmp_path, dataset, lines.append, repeats=1, java=java)
+        for dataset in (Dataset("mini", 10, 300, spark_anchor=False), Dataset("minizorder", 10, 300, order="zorder"))
+    ]
+    summary = [line for report in reports for line in comparison_lines(report)]
+
+    flat, zorder = ({r.contender: r for r in report.results} for report in reports)
+    assert set(flat) == {"ours", "delta-rs", "pyarrow 1 thread", "iceberg-java"}
+    assert set(zorder) == {"ours", "iceberg-java"}  # the others do not sort
+    for result in [*flat.values(), *zorder.values()]:
+        assert result.rows_identical, result.contender
+        assert (result.files_before, result.files_after) == (10, 1), result.contender
+        assert result.bytes_after > 0 and result.tree_peak_rss > 0, result.contender
+    # ours' footprint is the driver, the Spark JVM and its workers: more than the JVM alone
+    assert flat["ours"].tree_peak_rss > 200 * 1024 * 1024
+    assert flat["iceberg-java"].tree_peak_rss > 200 * 1024 * 1024  # the JVM and its Python driver
+    for name in ("mini", "minizorder"):
+        assert any(re.match(rf"dataset={name} ratio_vs_iceberg_java=\d+\.\d{{3}} ", line) for line in summary)
+        for contender in ("ours", "iceberg-java"):
+            assert any(
+                re.fullmatch(rf"dataset={name} contender={contender} tree_peak_rss_mib=\d+", line) for line in summary
+            )
+    assert any(line.startswith("[minizorder] run 1/1: ours") and "iceberg-java" in line for line in lines)
+
+
+def test_background_load_runs_busy_processes_for_the_block_and_kills_them():
+    with footprint.background_load(2) as pids:
+        time.sleep(0.5)
+        assert footprint.tree_pids([os.getpid()]) >= {os.getpid(), *pids}
+        busy = [int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[11]) for pid in pids]
+        assert all(ticks > 0 for ticks in busy)  # they use CPU (utime, clock ticks)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in pids)  # killed and reaped
+
+
+def test_tree_peak_counts_a_child_process_memory():
+    import subprocess
+    import sys
+
+    grow = "x = bytearray(300 * 1024 * 1024); import time; time.sleep(1.5)"
+    mine = footprint.tree_rss([], [os.getpid()])
+    with footprint.TreePeak([os.getpid()]) as tree:
+        subprocess.run([sys.executable, "-c", grow], check=True)
+    with footprint.TreePeak([], [os.getpid()]) as alone:  # this process without its children
+        subprocess.run([sys.executable, "-c", grow], check=True)
+    assert tree.peak >= mine + 300 * 1024 * 1024 > alone.peak

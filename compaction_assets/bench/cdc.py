@@ -4,8 +4,9 @@
 (1,000,200 keys: the memory bound's key count) and by 200 position-delete files (500 rows of one
 data file each), each kind in a commit of its own after the data, as a stream's later checkpoints
 would. The limit contender reads every file, drops its position-deleted rows, anti-joins it with
-the equality keys and writes target-size files, on one thread. Both keep the same rows: checked
-against the rows the dataset generator knows are live.
+the equality keys and writes target-size files, on one thread. Iceberg Java, where it takes
+part, runs `rewrite_data_files` with `delete-file-threshold` 1 on a copy of the table with the same
+deletes. All keep the same rows: checked against the rows the dataset generator knows are live.
 """
 
 from __future__ import annotations
@@ -13,15 +14,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
+from pyiceberg.catalog import Catalog
 from pyiceberg.typedef import Record
 
-from compaction_assets.bench import contenders, datasets
+from compaction_assets.bench import contenders, datasets, iceberg_java
 from compaction_assets.bench.datasets import Dataset
 from compaction_assets.engine import Engine
 from compaction_assets.lake.delete_files import commit_delete_files, equality_delete_file, position_delete_file
@@ -76,9 +79,9 @@ def _keep(table: pa.Table, sorted_keys: np.ndarray, positions: np.ndarray | list
     return pa.array(keep)
 
 
-def commit_cdc_deletes(engine: Engine, table_name: str, deletes: CdcDeletes) -> None:
+def commit_cdc_deletes(catalog: Catalog, table_name: str, deletes: CdcDeletes) -> None:
     """Write and commit the equality deletes (one commit), then the position deletes (another)."""
-    table = engine.catalog.load_table(table_name)
+    table = catalog.load_table(table_name)
     chunks = np.array_split(deletes.equality_keys, EQUALITY_FILES)
     equality = [
         equality_delete_file(table, table.spec().spec_id, Record(), ["id"], [{"id": int(k)} for k in chunk])
@@ -100,8 +103,18 @@ def pyarrow_anti_join(
     )
     written = sorted(out.glob("*.parquet"))
     identical = batches_digest(ds.dataset(written).to_batches()) == expected
+    size = sum(p.stat().st_size for p in written)
     return contenders.Result(
-        "pyarrow 1 thread", seconds, bytes_in, len(sources), len(written), rss, "process", identical
+        "pyarrow 1 thread",
+        seconds,
+        bytes_in,
+        len(sources),
+        len(written),
+        rss,
+        "process",
+        identical,
+        bytes_after=size,
+        tree_peak_rss=rss,
     )
 
 
@@ -118,47 +131,83 @@ def _anti_join(sources: list[str], keys: np.ndarray, positions: dict[str, list[i
 
 
 def compare_cdc(
-    engine: Engine, root: Path, log: Callable[[str], None], repeats: int, target: int
+    engine: Engine,
+    root: Path,
+    log: Callable[[str], None],
+    repeats: int,
+    target: int,
+    java: iceberg_java.JavaIceberg | None = None,
+    load: int = 0,
+    dataset: Dataset = CDC,
 ) -> tuple[int, dict[str, list[contenders.Result]]]:
-    """Generate the cdc dataset once; time ours and the pyarrow anti-join on it `repeats` times.
-    Returns the source bytes and every contender's runs."""
-    folder = root / "data" / CDC.name
-    log(f"[cdc] writing {CDC.files} files x {CDC.rows_per_file} rows and the delete plan ...")
-    sources = datasets.write_files(folder / "source", CDC)
-    deletes = plan_deletes(CDC)
+    """Generate the cdc dataset once; time ours, the pyarrow anti-join and Iceberg Java (if
+    `java` is given) on it `repeats` times, interleaved. `load` (the background-load processes
+    running meanwhile) names the tables apart from the quiet pass's. Returns the source bytes and
+    every contender's runs."""
+    from compaction_assets.bench.run import JAVA_TABLE, java_options
+
+    folder = root / "data" / dataset.name
+    log(f"[cdc] writing {dataset.files} files x {dataset.rows_per_file} rows and the delete plan ...")
+    sources = datasets.write_files(folder / "source", dataset)
+    deletes = plan_deletes(dataset)
     expected = live_rows_digest(sources, deletes)
     bytes_in = sum(p.stat().st_size for p in sources)
     timed: dict[str, list[contenders.Result]] = {}
     for k in range(repeats):
-        name = f"bench.cdc_{k}"
+        run_name = f"{dataset.name}_{k}" + (f"_load{load}" if load else "")
+        name = f"bench.{run_name}"
         datasets.iceberg_table(engine.catalog, name, sources, {})
-        commit_cdc_deletes(engine, name, deletes)
-        for result in (
-            _ours(engine, name, expected, bytes_in),
-            pyarrow_anti_join(sources, deletes, folder / f"pyarrow-{k}", target, expected, bytes_in),
-        ):
+        commit_cdc_deletes(engine.catalog, name, deletes)
+        runs = [
+            partial(_ours, engine, name, expected, bytes_in, dataset.files),
+            partial(pyarrow_anti_join, sources, deletes, folder / f"pyarrow-{k}", target, expected, bytes_in),
+        ]
+        if java is not None:
+            run = iceberg_java.run_catalog(java, folder / "java", f"java_{run_name}")
+            datasets.iceberg_table(run.catalog, JAVA_TABLE, sources, {})
+            commit_cdc_deletes(run.catalog, JAVA_TABLE, deletes)
+            options = java_options(deletes=True)
+            runs.append(
+                partial(contenders.iceberg_java, java, run, JAVA_TABLE, expected, bytes_in, dataset.files, options, {})
+            )
+        for contender in runs:
+            result = contender()
             if not result.rows_identical:
                 raise RuntimeError(f"bench: {result.contender} kept other rows than the live ones of cdc")
             timed.setdefault(result.contender, []).append(result)
-        log("[cdc] run " + f"{k + 1}/{repeats}: " + ", ".join(f"{c} {r[-1].seconds:.2f}s" for c, r in timed.items()))
+        if java is not None:
+            run.dispose()
+        loaded = f" (background load {load})" if load else ""
+        log(f"[cdc] run {k + 1}/{repeats}{loaded}: " + ", ".join(f"{c} {r[-1].seconds:.2f}s" for c, r in timed.items()))
     return bytes_in, timed
 
 
-def _ours(engine: Engine, name: str, expected: RowsDigest, bytes_in: int) -> contenders.Result:
+def _ours(engine: Engine, name: str, expected: RowsDigest, bytes_in: int, files: int) -> contenders.Result:
     contenders.warm_workers(engine.spark_session())
-    started = time.perf_counter()
-    outcomes = engine.compact(name)
-    seconds = time.perf_counter() - started
+    with contenders.our_footprint(engine.spark_session()) as tree:
+        started = time.perf_counter()
+        outcomes = engine.compact(name)
+        seconds = time.perf_counter() - started
     if not outcomes or any(o.status != "committed" for o in outcomes):
         raise RuntimeError(f"bench: our compaction of {name} did not commit: {[o.reason for o in outcomes]}")
     table = engine.catalog.load_table(name)
     remaining = [f for f in live_files(table) if f.is_delete]
     if remaining:
         raise RuntimeError(f"bench: {len(remaining)} delete file(s) of {name} left after a full rewrite")
-    after = sum(not f.is_delete for f in live_files(table))
+    after, bytes_after = contenders.data_files(table)
     rss = max(o.peak_worker_rss for o in outcomes)
     identical = rows_digest(table) == expected
     path = contenders.engines(outcomes)
     return contenders.Result(
-        "ours", seconds, bytes_in, CDC.files, after, rss, "spark python worker", identical, path=path
+        "ours",
+        seconds,
+        bytes_in,
+        files,
+        after,
+        rss,
+        "spark python worker",
+        identical,
+        path=path,
+        bytes_after=bytes_after,
+        tree_peak_rss=tree.peak,
     )

@@ -1,13 +1,16 @@
 """The contenders, each timed on the same files and checked by content afterwards.
 
 delta-rs and the pyarrow copy run in a child process of their own, so their peak RSS is theirs
-alone; ours and the Spark DataFrame rewrite run on the bench's warm Spark session.
+alone; ours and the Spark DataFrame rewrite run on the bench's warm Spark session; Iceberg Java's
+`rewrite_data_files` runs in its own Spark 3.5 session (bench/iceberg_java.py), on a copy of the
+table in a catalog of its own. `tree_peak_rss` is the whole footprint (bench/footprint.py).
 """
 
 from __future__ import annotations
 
 import math
 import multiprocessing
+import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -19,12 +22,16 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 
+from compaction_assets.bench import footprint
 from compaction_assets.bench.datasets import CODEC
+from compaction_assets.bench.iceberg_java import JavaIceberg, RunCatalog, rewrite_data_files
 from compaction_assets.engine import Engine
 from compaction_assets.execution.dispatch import classic_context
 from compaction_assets.execution.worker import peak_rss
 from compaction_assets.lake.catalog import load_table
 from compaction_assets.lake.digest import RowsDigest, batches_digest, rows_digest
+
+ICEBERG_JAVA = "iceberg-java"
 
 
 @dataclass
@@ -40,6 +47,9 @@ class Result:
     runs: list[float] = field(default_factory=list)  # every run's seconds, when repeated
     phases: dict[str, float] = field(default_factory=dict)  # ours: seconds per phase (engine.describe_phases)
     path: str = ""  # ours: the rewrite paths (engines) that ran, e.g. polars, arrow, polars+arrow
+    bytes_after: int = 0  # the data files' bytes after the run
+    # peak resident bytes summed over every process doing the contender's work (0: not measured)
+    tree_peak_rss: int = 0
 
     @property
     def mb_per_s(self) -> float:
@@ -49,14 +59,15 @@ class Result:
 def ours(engine: Engine, table_name: str, expected: RowsDigest, bytes_in: int, files: int) -> Result:
     """Our engine: plan, one Spark job over the groups, two-phase commit."""
     warm_workers(engine.spark_session())
-    started = time.perf_counter()
-    outcomes = engine.compact(table_name)
-    seconds = time.perf_counter() - started
+    with our_footprint(engine.spark_session()) as tree:
+        started = time.perf_counter()
+        outcomes = engine.compact(table_name)
+        seconds = time.perf_counter() - started
     failed = [o for o in outcomes if o.status != "committed"]
     if failed or not outcomes:
         raise RuntimeError(f"bench: our compaction of {table_name} did not commit: {failed or 'nothing planned'}")
     table = load_table(engine.catalog, table_name)
-    after = len(table.inspect.files())
+    after, bytes_after = data_files(table)
     rss = max(o.peak_worker_rss for o in outcomes)
     identical = rows_digest(table) == expected
     return Result(
@@ -70,6 +81,57 @@ def ours(engine: Engine, table_name: str, expected: RowsDigest, bytes_in: int, f
         identical,
         phases=outcomes[0].phases,
         path=engines(outcomes),
+        bytes_after=bytes_after,
+        tree_peak_rss=tree.peak,
+    )
+
+
+def our_footprint(spark: SparkSession) -> footprint.TreePeak:
+    """Samples our whole footprint: this driver, and the local Spark JVM with its Python workers
+    (children of the JVM). Not the bench's other children (Iceberg Java, background load)."""
+    jvm = [jvm_pid(spark)] if classic_context(spark) is not None else []
+    return footprint.TreePeak(jvm, [os.getpid()])
+
+
+def jvm_pid(spark: SparkSession) -> int:
+    """The local Spark JVM's pid."""
+    return spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
+
+
+def data_files(table) -> tuple[int, int]:  # noqa: ANN001 - a pyiceberg Table
+    """The table's live data files (no delete files): how many, and their bytes."""
+    sizes = table.inspect.data_files().column("file_size_in_bytes").to_pylist()
+    return len(sizes), sum(sizes)
+
+
+def iceberg_java(
+    java: JavaIceberg,
+    run: RunCatalog,
+    table_name: str,
+    expected: RowsDigest,
+    bytes_in: int,
+    files: int,
+    options: dict[str, str],
+    args: dict[str, str],
+) -> Result:
+    """Iceberg's own procedure, `CALL <catalog>.system.rewrite_data_files(...)`, on Spark 3.5
+    `local[2]` (a warm session): timed inside Spark, the whole server process tree sampled."""
+    with footprint.TreePeak([java.pid]) as tree:
+        seconds = rewrite_data_files(java, run.name, table_name, options, **args)
+    table = run.catalog.load_table(table_name)
+    after, bytes_after = data_files(table)
+    identical = rows_digest(table) == expected
+    return Result(
+        ICEBERG_JAVA,
+        seconds,
+        bytes_in,
+        files,
+        after,
+        tree.peak,
+        "JVM + its driver",
+        identical,
+        bytes_after=bytes_after,
+        tree_peak_rss=tree.peak,
     )
 
 
@@ -107,7 +169,11 @@ def deltars(uri: str, target_bytes: int, expected: RowsDigest, bytes_in: int, fi
 
     table = DeltaTable(uri)
     identical = batches_digest(table.to_pyarrow_dataset().to_batches()) == expected
-    return Result("delta-rs", seconds, bytes_in, files, len(table.file_uris()), rss, "process", identical)
+    uris = table.file_uris()
+    size = sum(Path(u.removeprefix("file://")).stat().st_size for u in uris)
+    return Result(
+        "delta-rs", seconds, bytes_in, files, len(uris), rss, "process", identical, bytes_after=size, tree_peak_rss=rss
+    )
 
 
 def pyarrow_copy(sources: list[Path], out: Path, target_bytes: int, expected: RowsDigest, bytes_in: int) -> Result:
@@ -115,7 +181,19 @@ def pyarrow_copy(sources: list[Path], out: Path, target_bytes: int, expected: Ro
     seconds, rss = in_child(_pyarrow_copy, [str(p) for p in sources], str(out), target_bytes)
     written = sorted(out.glob("*.parquet"))
     identical = batches_digest(ds.dataset(written).to_batches()) == expected
-    return Result("pyarrow 1 thread", seconds, bytes_in, len(sources), len(written), rss, "process", identical)
+    size = sum(p.stat().st_size for p in written)
+    return Result(
+        "pyarrow 1 thread",
+        seconds,
+        bytes_in,
+        len(sources),
+        len(written),
+        rss,
+        "process",
+        identical,
+        bytes_after=size,
+        tree_peak_rss=rss,
+    )
 
 
 def spark_dataframe(
@@ -137,7 +215,7 @@ def spark_dataframe(
 
 def jvm_peak_rss(spark: SparkSession) -> int:
     """The local Spark JVM's lifetime peak RSS."""
-    return peak_rss(Path(f"/proc/{spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()}/status"))
+    return peak_rss(Path(f"/proc/{jvm_pid(spark)}/status"))
 
 
 def in_child(function, *args) -> tuple[float, int]:  # noqa: ANN001

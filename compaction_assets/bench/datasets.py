@@ -8,6 +8,10 @@ Rows by the dataset's kind:
   list<string>, struct, map<string,long>. Left out: uuid and fixed (Delta has no such types, so
   convert_to_deltalake refuses them) and time (Delta has none either);
 - wide: 200 columns of mixed types, mostly primitives, every tenth one nested.
+"sorted" and "zorder" are flat rows in a table with a sort order (city, then price descending) or
+z-order columns (price, qty): ours rewrites them sorted (a major: `ordering_properties` makes the
+files undersized rather than fragments, so the sorted rewrite of kinds major/full/cluster runs),
+Iceberg Java with `rewrite_data_files`' sort strategy.
 Files are written once with pyarrow (Snappy, as every contender writes) and hard-linked into the
 Iceberg table's data folder, so every contender reads the very same bytes.
 """
@@ -24,6 +28,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
+from pyiceberg.table.sorting import SortDirection
+from pyiceberg.transforms import IdentityTransform
 
 CITIES = np.array(["amsterdam", "berlin", "lisbon", "madrid", "oslo", "paris", "rome", "vienna", "warsaw", "zurich"])
 CODEC = "snappy"
@@ -38,6 +44,7 @@ class Dataset:
     # the Spark DataFrame rewrite as an extra anchor; off for typed and wide, where it alone took
     # 1-2 minutes (typed) and over 10 (wide) on the shared 2-core machine
     spark_anchor: bool = True
+    order: str = "none"  # none | sort | zorder: the table's clustering (see the module docstring)
 
     @property
     def rows(self) -> int:
@@ -49,6 +56,10 @@ TINY = Dataset("tiny", 5_000, 200)
 TYPED = Dataset("typed", 600, 5_000, "typed", spark_anchor=False)
 WIDE = Dataset("wide", 200, 2_000, "wide", spark_anchor=False)
 WIDE_COLUMNS = 200
+SORTED = Dataset("sorted", 300, 20_000, spark_anchor=False, order="sort")
+ZORDER = Dataset("zorder", 300, 20_000, spark_anchor=False, order="zorder")
+SORT_ORDER = (("city", SortDirection.ASC), ("price", SortDirection.DESC))
+ZORDER_COLUMNS = ("price", "qty")
 
 
 def rows(first_id: int, count: int, seed: int) -> pa.Table:
@@ -206,3 +217,40 @@ def delta_table(folder: Path) -> str:
 
     convert_to_deltalake(str(folder))
     return str(folder)
+
+
+def ordering_properties(dataset: Dataset, sources: list[Path], target_bytes: int) -> dict[str, str]:
+    """Table properties that make our compaction of `dataset`'s table a sorted one: z-order
+    columns, and a fragment ratio under which no source is a fragment (so the files are rewritten
+    by a major, which sorts, not bin-packed by a minor, which does not)."""
+    if dataset.order == "none":
+        return {}
+    smallest = min(p.stat().st_size for p in sources)
+    props = {"compaction.fragment-ratio": str(max(8, 2 * target_bytes // smallest))}
+    if dataset.order == "zorder":
+        props["compaction.zorder-columns"] = ",".join(ZORDER_COLUMNS)
+    return props
+
+
+def ordered_table(catalog: Catalog, name: str, sources: list[Path], dataset: Dataset, target_bytes: int) -> Table:
+    """`iceberg_table` with `dataset`'s ordering: its properties, and for "sort" the sort order."""
+    table = iceberg_table(catalog, name, sources, ordering_properties(dataset, sources, target_bytes))
+    if dataset.order == "sort":
+        with table.update_sort_order() as sort_order:
+            for column, direction in SORT_ORDER:
+                if direction == SortDirection.ASC:
+                    sort_order.asc(column, IdentityTransform())
+                else:
+                    sort_order.desc(column, IdentityTransform())
+        table = catalog.load_table(name)
+    return table
+
+
+def java_rewrite_args(dataset: Dataset) -> dict[str, str]:
+    """`rewrite_data_files`' named arguments for `dataset`: bin-pack by default, the sort strategy
+    with the table's sort order, or z-order over the same columns as ours."""
+    if dataset.order == "sort":
+        return {"strategy": "sort"}
+    if dataset.order == "zorder":
+        return {"strategy": "sort", "sort_order": f"zorder({','.join(ZORDER_COLUMNS)})"}
+    return {}

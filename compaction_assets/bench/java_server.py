@@ -1,7 +1,10 @@
-"""Apache Iceberg Java (1.10.2 on Spark 3.5) as a process the tests talk to: JSON lines in, JSON lines out.
+"""Apache Iceberg Java (1.10.2 on Spark 3.5) as a process the bench and the interop tests talk to:
+JSON lines in, JSON lines out.
 
-Runs under the interpreter of the venv `setup_java.sh` makes (pyspark 3.5.9), never the project's
-(pyspark 4.x). Requests: {"op": "sql", "sql": ...} -> {"ok": true, "columns": [...], "rows": [[...]]};
+Runs as a script (`python -P java_server.py JARS_LIST`) under the interpreter of the venv
+`tests/interop/setup_java.sh` makes (pyspark 3.5.9), never the project's (pyspark 4.x); it imports
+nothing of the project. Requests: {"op": "sql", "sql": ...} -> {"ok": true, "columns": [...],
+"rows": [[...]], "seconds": S} (S: the statement's run in Spark, measured in this process);
 {"op": "catalog", "name": ..., "properties": {...}} registers a Spark catalog;
 {"op": "remove_orphan_files", "table": ..., "older_than_ms": ...} -> {"ok": true, "deleted": [...]}; {"op": "stop"}.
 Values leave as JSON: timestamps and dates in ISO form, decimals as strings, binary as hex.
@@ -15,11 +18,12 @@ import json
 import math
 import os
 import sys
+import time
 import traceback
 
 
 def plain(value):
-    """One Spark value as JSON (the client turns it back, see interop/java.py `from_java`)."""
+    """One Spark value as JSON (the tests turn it back, see tests/interop/java.py `from_java`)."""
     if value is None or isinstance(value, bool | int | str):
         return value
     if isinstance(value, float):
@@ -59,8 +63,8 @@ def main() -> None:
     with open(sys.argv[1]) as listing:
         jars = [line.strip() for line in listing if line.strip()]
     builder = (
-        SparkSession.builder.master("local[2]")
-        .appName("iceberg-java-interop")
+        SparkSession.builder.master(os.environ.get("ICEBERG_JAVA_MASTER", "local[2]"))
+        .appName("iceberg-java")
         .config("spark.jars", ",".join(jars))
         .config("spark.sql.extensions", "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions")
         .config("spark.sql.session.timeZone", "UTC")
@@ -87,9 +91,12 @@ def main() -> None:
             elif request["op"] == "remove_orphan_files":
                 reply = {"ok": True, "deleted": remove_orphan_files(spark, request["table"], request["older_than_ms"])}
             else:
+                started = time.perf_counter()
                 frame = spark.sql(request["sql"])
                 rows = frame.collect()
+                seconds = time.perf_counter() - started
                 reply = {"ok": True, "columns": frame.columns, "rows": [[plain(v) for v in row] for row in rows]}
+                reply["seconds"] = seconds
         except Exception as exc:  # every failure goes back to the test, which raises it there
             error = f"{type(exc).__name__}: {exc}"[:4000]
             reply = {"ok": False, "error": error, "trace": traceback.format_exc()[-4000:]}

@@ -27,6 +27,8 @@ from compaction_assets.bench import (
     datasets,
     drain,
     fixed_cost,
+    footprint,
+    iceberg_java,
     many_tables,
     memory,
     plan_at_scale,
@@ -42,6 +44,7 @@ from compaction_assets.lake.digest import batches_digest, rows_digest
 MiB = 1024 * 1024
 TARGET = 128 * MiB
 NAMESPACE = "bench"
+JAVA_TABLE = f"{NAMESPACE}.t"  # the table's name in each Iceberg Java run's own catalog
 
 
 @dataclass
@@ -51,6 +54,7 @@ class DatasetReport:
     rows: int
     bytes: int
     results: list[contenders.Result] = field(default_factory=list)
+    load: int = 0  # background-load processes this pass ran beside (--background-load)
 
     def seconds(self, contender: str) -> float | None:
         return next((r.seconds for r in self.results if r.contender == contender), None)
@@ -67,9 +71,22 @@ class DatasetReport:
         return self.seconds("ours") / theirs if theirs else None
 
     @property
-    def share_of_two_pyarrow_cores(self) -> float:
-        """Our MB/s over twice the single-thread pyarrow MB/s (the per-core limit on 2 cores)."""
-        return self.seconds("pyarrow 1 thread") / 2 / self.seconds("ours")
+    def ratio_vs_iceberg_java(self) -> float | None:
+        """Ours over Iceberg Java's rewrite_data_files; None where Java did not take part."""
+        theirs = self.seconds(contenders.ICEBERG_JAVA)
+        return self.seconds("ours") / theirs if theirs else None
+
+    @property
+    def share_of_two_pyarrow_cores(self) -> float | None:
+        """Our MB/s over twice the single-thread pyarrow MB/s (the per-core limit on 2 cores);
+        None where the pyarrow copy did not run (sorted datasets: it does not sort)."""
+        theirs = self.seconds("pyarrow 1 thread")
+        return theirs / 2 / self.seconds("ours") if theirs else None
+
+    @property
+    def key(self) -> str:
+        """`dataset=NAME`, with `background_load=N` on a loaded pass: how summary lines start."""
+        return f"dataset={self.dataset}" + (f" background_load={self.load}" if self.load else "")
 
 
 @dataclass
@@ -83,8 +100,9 @@ class BenchReport:
     def to_json(self) -> str:
         doc = asdict(self)
         for report, entry in zip(self.datasets, doc["datasets"], strict=True):
-            ratio = report.ratio_vs_deltars
+            ratio, java = report.ratio_vs_deltars, report.ratio_vs_iceberg_java
             entry["ratio_vs_deltars"] = None if ratio is None else round(ratio, 3)
+            entry["ratio_vs_iceberg_java"] = None if java is None else round(java, 3)
             for result, row in zip(report.results, entry["results"], strict=True):
                 row["mb_per_s"] = round(result.mb_per_s, 1)
         return json.dumps(doc, indent=2)
@@ -117,39 +135,52 @@ def compare(
     dataset: Dataset,
     log: Callable[[str], None],
     repeats: int,
+    java: iceberg_java.JavaIceberg | None = None,
+    load: int = 0,
 ) -> DatasetReport:
     """Generate `dataset` once, then time every contender on it; each must keep the rows.
 
-    Ours, delta-rs and the pyarrow copy run `repeats` times, interleaved, each time on fresh
-    tables over the same files (hard links), and each is reported by its median run: on a shared
-    machine a single run of either side can be off by a third. The Spark DataFrame rewrite, ten
-    times slower than the rest, runs once."""
+    Ours, delta-rs, the pyarrow copy and Iceberg Java (if `java` is given) run `repeats` times,
+    interleaved, each time on fresh tables over the same files (hard links), and each is reported
+    by its median run: on a shared machine a single run of either side can be off by a third. The
+    Spark DataFrame rewrite, ten times slower than the rest, runs once, in the quiet pass. A sorted dataset runs ours
+    and Iceberg Java only (the others do not sort). `load`: the background-load processes running
+    meanwhile (the caller starts them), reported with the figures."""
     folder = root / "data" / dataset.name
     log(f"[{dataset.name}] writing {dataset.files} files x {dataset.rows_per_file} rows ...")
     sources = datasets.write_files(folder / "source", dataset)
     bytes_in = sum(p.stat().st_size for p in sources)
     expected = batches_digest(ds.dataset(sources).to_batches())
-    report = DatasetReport(dataset.name, dataset.files, dataset.rows, bytes_in)
+    report = DatasetReport(dataset.name, dataset.files, dataset.rows, bytes_in, load=load)
     timed: dict[str, list[contenders.Result]] = {}
     for k in range(repeats):
-        table_name = f"{NAMESPACE}.{dataset.name}_{k}"
-        datasets.iceberg_table(engine.catalog, table_name, sources, {})
-        delta_uri = datasets.delta_table(datasets.linked(sources, folder / f"delta-{k}"))
-        for contender in (  # one after the other, in this order
-            partial(contenders.ours, engine, table_name, expected, bytes_in, dataset.files),
-            partial(contenders.deltars, delta_uri, TARGET, expected, bytes_in, dataset.files),
-            partial(contenders.pyarrow_copy, sources, folder / f"pyarrow-{k}", TARGET, expected, bytes_in),
-        ):
+        run_name = f"{dataset.name}_{k}" + (f"_load{load}" if load else "")  # a new table per pass and run
+        table_name = f"{NAMESPACE}.{run_name}"
+        datasets.ordered_table(engine.catalog, table_name, sources, dataset, TARGET)
+        runs = [partial(contenders.ours, engine, table_name, expected, bytes_in, dataset.files)]
+        if dataset.order == "none":
+            delta_uri = datasets.delta_table(datasets.linked(sources, folder / f"delta-{k}"))
+            runs.append(partial(contenders.deltars, delta_uri, TARGET, expected, bytes_in, dataset.files))
+            runs.append(partial(contenders.pyarrow_copy, sources, folder / f"pyarrow-{k}", TARGET, expected, bytes_in))
+        if java is not None:
+            run = iceberg_java.run_catalog(java, folder / "java", f"java_{run_name}")
+            datasets.ordered_table(run.catalog, JAVA_TABLE, sources, dataset, TARGET)
+            options, args = java_options(), datasets.java_rewrite_args(dataset)
+            java_run = (java, run, JAVA_TABLE, expected, bytes_in, dataset.files, options, args)
+            runs.append(partial(contenders.iceberg_java, *java_run))
+        for contender in runs:  # one after the other, in this order
             # no contender pays for writing back files the set-up or the one before it wrote
             # (the kernel's writeback of a few hundred MB costs seconds of CPU on 2 cores)
             os.sync()
             result = contender()
             _check(dataset, result)
             timed.setdefault(result.contender, []).append(result)
+        if java is not None:
+            run.dispose()
         seconds = ", ".join(f"{c} {r[-1].seconds:.2f}s" for c, r in timed.items())
-        log(f"[{dataset.name}] run {k + 1}/{repeats}: {seconds}")
+        log(f"[{dataset.name}] run {k + 1}/{repeats}{_loaded(load)}: {seconds}")
     report.results.extend(median_results(timed))
-    if dataset.spark_anchor:
+    if dataset.spark_anchor and dataset.order == "none" and not load:
         spark_result = contenders.spark_dataframe(spark, sources, folder / "spark", TARGET, expected, bytes_in)
         _check(dataset, spark_result)
         report.results.append(spark_result)
@@ -157,11 +188,24 @@ def compare(
     return report
 
 
+def java_options(deletes: bool = False) -> dict[str, str]:
+    """`rewrite_data_files`' options: our target size, any 2 files make a group; with `deletes`,
+    a file with one applying delete file is rewritten (merge-on-read)."""
+    options = {"target-file-size-bytes": str(TARGET), "min-input-files": "2"}
+    return {**options, "delete-file-threshold": "1"} if deletes else options
+
+
+def _loaded(load: int) -> str:
+    return f" (background load {load})" if load else ""
+
+
 def log_results(report: DatasetReport, log: Callable[[str], None]) -> None:
     for result in report.results:
         log(
-            f"[{report.dataset}] {result.contender:<16} {result.seconds:7.2f}s {result.mb_per_s:7.1f} MB/s  "
-            f"files {result.files_before} -> {result.files_after}  peak RSS {result.peak_rss / MiB:6.0f} MiB "
+            f"[{report.dataset}{_loaded(report.load)}] {result.contender:<16} {result.seconds:7.2f}s "
+            f"{result.mb_per_s:7.1f} MB/s  files {result.files_before} -> {result.files_after} "
+            f"({report.bytes / MiB:.0f} -> {result.bytes_after / MiB:.0f} MiB)  "
+            f"peak RSS {result.peak_rss / MiB:6.0f} MiB "
             f"({result.rss_of})  rows {'identical' if result.rows_identical else 'DIFFERENT'}"
             + (f"  median of {len(result.runs)}" if len(result.runs) > 1 else "")
         )
@@ -259,8 +303,16 @@ def run_bench(
     drain_partitions: int = 2000,
     planning_files: int = 200_000,
     defs_tables: tuple[int, ...] = (1000, 10000),
+    background_load: int = 0,
+    quiet_and_loaded: bool = False,
+    loaded_repeats: int | None = None,
+    with_java: bool = True,
 ) -> BenchReport:
-    """Everything `compaction-assets bench` prints (its options document the defaults)."""
+    """Everything `compaction-assets bench` prints (its options document the defaults).
+
+    The datasets run beside `background_load` busy processes; with `quiet_and_loaded`, each runs
+    quiet and then loaded (`background_load`, default 2; `loaded_repeats` runs per contender).
+    `with_java`: Iceberg Java's rewrite_data_files takes part where its venv is installed."""
     root = Path(workdir or tempfile.mkdtemp(prefix="compaction-bench-"))
     root.mkdir(parents=True, exist_ok=True)
     config_path = bench_config(root)
@@ -277,20 +329,24 @@ def run_bench(
     warm_up(engine, report.cores)
     report.warmup_s = time.perf_counter() - started
     log(f"warm-up compaction (starts the Spark Python workers, as a long-lived session has) {report.warmup_s:.1f}s")
+    if quiet_and_loaded:
+        passes = [(0, repeats), (background_load or 2, loaded_repeats or repeats)]
+    else:
+        passes = [(background_load, repeats)]
+    java = start_java(root, log) if with_java and any(d.name != s3_dataset.S3.name for d in sets) else None
     try:
         for dataset in sets:
-            if dataset.name in (cdc.CDC.name, s3_dataset.S3.name):
-                if dataset.name == cdc.CDC.name:
-                    bytes_in, timed = cdc.compare_cdc(engine, root, log, repeats, TARGET)
-                else:
-                    bytes_in, timed = s3_dataset.compare_s3(spark, root, log, repeats, TARGET)
-                own_report = DatasetReport(dataset.name, dataset.files, dataset.rows, bytes_in)
-                own_report.results.extend(median_results(timed))
-                log_results(own_report, log)
-                report.datasets.append(own_report)
-            else:
-                report.datasets.append(compare(engine, spark, root, dataset, log, repeats))
-            shutil.rmtree(root / "data" / dataset.name, ignore_errors=True)
+            for load, n in passes:
+                with footprint.background_load(load):
+                    if load:
+                        average = footprint.load_average()
+                        log(f"[{dataset.name}] {load} background-load processes; load average {average}")
+                    report.datasets.append(compare_dataset(engine, spark, root, dataset, log, n, java, load))
+                log(f"[{dataset.name}] load average {footprint.load_average()}")
+                shutil.rmtree(root / "data" / dataset.name, ignore_errors=True)
+        if java is not None:
+            java.close()
+            java = None
         if large_gib:
             report.extras["memory"] = memory_group(engine, root, log, large_gib)
             paths = [memory.measure(engine, root, "flat", "polars", large_gib, log)]
@@ -312,13 +368,16 @@ def run_bench(
         if defs_tables:
             report.extras["many_tables"] = many_tables.measure(defs_tables, log=log)
     finally:
+        if java is not None:
+            java.close()
         shutil.rmtree(root / "data", ignore_errors=True)
     for d in report.datasets:
         spark_df = d.seconds("spark dataframe")
-        log(
-            f"[{d.dataset}] ours at {d.share_of_two_pyarrow_cores:.0%} of 2 x single-thread pyarrow"
-            + (f"; ours/spark-dataframe {d.seconds('ours') / spark_df:.2f}" if spark_df else "")
-        )
+        if (share := d.share_of_two_pyarrow_cores) is not None:
+            log(
+                f"[{d.dataset}{_loaded(d.load)}] ours at {share:.0%} of 2 x single-thread pyarrow"
+                + (f"; ours/spark-dataframe {d.seconds('ours') / spark_df:.2f}" if spark_df else "")
+            )
     if flat := report.extras.get("memory"):
         log(f"peak_rss_mb={flat['worker_peak_rss_bytes'] / MiB:.0f} group_gb={flat['group_bytes'] / 1e9:.2f}")
     for line in memory.report_lines(report.extras.get("memory_paths", [])):
@@ -348,13 +407,83 @@ def run_bench(
         if d.dataset == cdc.CDC.name:
             ours = next(r for r in d.results if r.contender == "ours")
             log(f"cdc_worker_peak_rss_mb={ours.peak_rss / MiB:.0f} equality_keys={cdc.EQUALITY_KEYS}")
+        share = d.share_of_two_pyarrow_cores
         log(
-            f"dataset={d.dataset} "
+            f"{d.key} "
             + (f"ratio_vs_deltars={ratio:.3f} " if ratio is not None else "")
-            + f"share_of_2x_pyarrow={d.share_of_two_pyarrow_cores:.3f}"
+            + (f"share_of_2x_pyarrow={share:.3f}" if share is not None else "")
             + (f" path={d.path}" if d.path else "")
         )
+        for line in comparison_lines(d):
+            log(line)
+    log(f"load average {footprint.load_average()} (1, 5, 15 min)")
     return report
+
+
+def comparison_lines(d: DatasetReport) -> list[str]:
+    """`dataset=NAME ratio_vs_iceberg_java=R` (ours over Java's median seconds, with both runs'
+    file counts and sizes after) and each contender's whole-footprint peak RSS."""
+    lines = []
+    if (ratio := d.ratio_vs_iceberg_java) is not None:
+        ours, java = (next(r for r in d.results if r.contender == c) for c in ("ours", contenders.ICEBERG_JAVA))
+        lines.append(
+            f"{d.key} ratio_vs_iceberg_java={ratio:.3f} (ours {ours.seconds:.2f}s, iceberg-java {java.seconds:.2f}s, "
+            f"medians of {len(ours.runs) or 1}; files after: "
+            f"ours {ours.files_after} / {ours.bytes_after / MiB:.1f} MiB, "
+            f"iceberg-java {java.files_after} / {java.bytes_after / MiB:.1f} MiB)"
+        )
+    for result in d.results:
+        if result.tree_peak_rss:
+            lines.append(
+                f"{d.key} contender={result.contender.replace(' ', '-')} "
+                f"tree_peak_rss_mib={result.tree_peak_rss / MiB:.0f}"
+            )
+    return lines
+
+
+def compare_dataset(
+    engine: Engine,
+    spark,  # noqa: ANN001 - the bench's SparkSession
+    root: Path,
+    dataset: Dataset,
+    log: Callable[[str], None],
+    repeats: int,
+    java: iceberg_java.JavaIceberg | None,
+    load: int,
+) -> DatasetReport:
+    """One pass over `dataset` (cdc and s3 have comparisons of their own); its report, logged."""
+    if dataset.name == cdc.CDC.name:
+        bytes_in, timed = cdc.compare_cdc(engine, root, log, repeats, TARGET, java, load)
+    elif dataset.name == s3_dataset.S3.name:
+        bytes_in, timed = s3_dataset.compare_s3(spark, root, log, repeats, TARGET)
+    else:
+        return compare(engine, spark, root, dataset, log, repeats, java, load)
+    own_report = DatasetReport(dataset.name, dataset.files, dataset.rows, bytes_in, load=load)
+    own_report.results.extend(median_results(timed))
+    log_results(own_report, log)
+    return own_report
+
+
+def start_java(root: Path, log: Callable[[str], None]) -> iceberg_java.JavaIceberg | None:
+    """Iceberg Java's session for the bench, started and warmed up untimed (as ours is): one
+    rewrite_data_files of a throwaway table. None, with the reason logged, where it is not installed."""
+    if reason := iceberg_java.unavailable():
+        log(f"iceberg-java: not taking part: {reason}")
+        return None
+    started = time.perf_counter()
+    java = iceberg_java.JavaIceberg(root / "iceberg-java.log")
+    spark_version, version = java.versions
+    log(f"iceberg-java: Spark {spark_version}, Iceberg {version} started in {time.perf_counter() - started:.1f}s")
+    started = time.perf_counter()
+    folder = root / "data" / "java-warmup"
+    sources = datasets.write_files(folder / "source", Dataset("warmup", 8, 1_000))
+    run = iceberg_java.run_catalog(java, folder / "java", "java_warmup")
+    datasets.iceberg_table(run.catalog, JAVA_TABLE, sources, {})
+    iceberg_java.rewrite_data_files(java, run.name, JAVA_TABLE, java_options())
+    run.dispose()
+    shutil.rmtree(folder, ignore_errors=True)
+    log(f"iceberg-java: warm-up rewrite_data_files {time.perf_counter() - started:.1f}s")
+    return java
 
 
 def warm_up(engine: Engine, cores: int) -> None:

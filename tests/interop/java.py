@@ -1,7 +1,8 @@
-"""The test side of Apache Iceberg Java: start `java_server.py` in the Iceberg venv, send it SQL.
+"""The test side of Apache Iceberg Java: the bench's server (compaction_assets/bench/iceberg_java.py)
+with its values turned back into the types pyiceberg's reader gives.
 
 `setup_java.sh` installs that venv (pyspark 3.5.9, Iceberg 1.10.2's Spark runtime, JDBC drivers);
-`.ci/run` calls it. One Java process serves a whole test module (it starts in 20-40 s); each test
+`.ci/run` calls it. One Java process serves a whole test run (it starts in 20-40 s); each test
 registers a catalog of its own name on it, over a PostgreSQL schema of its own, that pyiceberg
 (and so the project) opens as a SqlCatalog of the same name: both sides see one catalog.
 """
@@ -10,114 +11,22 @@ from __future__ import annotations
 
 import datetime
 import decimal
-import json
-import os
-import subprocess
-import threading
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
+from compaction_assets.bench import iceberg_java
+from compaction_assets.bench.iceberg_java import JavaError, unavailable
 from tests.lakekit.oracle import Row, row_key
 
-HERE = Path(__file__).resolve().parent
-DEFAULT_VENV = HERE.parent.parent / ".venv-iceberg-java"
-START_TIMEOUT_S = 300
-SETUP_HINT = "run `bash tests/interop/setup_java.sh` to install it"
+__all__ = ["JavaError", "JavaIceberg", "unavailable", "from_java", "comparable", "multiset"]
 
 
-class JavaError(RuntimeError):
-    """A statement Iceberg Java refused or failed; the message is Spark's."""
-
-
-def java_venv() -> Path:
-    return Path(os.environ.get("COMPACTION_JAVA_VENV", DEFAULT_VENV))
-
-
-def unavailable() -> str | None:
-    """Why Iceberg Java cannot start here, or None."""
-    venv = java_venv()
-    if not (venv / "bin" / "python").exists() or not (venv / "jars.txt").exists():
-        return f"Apache Iceberg Java is not installed at {venv}: {SETUP_HINT}"
-    missing = [j for j in (venv / "jars.txt").read_text().split() if not Path(j).exists()]
-    if missing:
-        return f"Iceberg Java jars missing ({', '.join(missing)}): {SETUP_HINT}"
-    return None
-
-
-class JavaIceberg:
-    """One Spark 3.5 + Iceberg 1.10.2 driver in its own process."""
-
-    def __init__(self, log_path: Path) -> None:
-        venv = java_venv()
-        self._log = open(log_path, "ab")  # noqa: SIM115 - kept open for the process's life
-        env = {**os.environ, "TZ": "UTC", "PYSPARK_PYTHON": str(venv / "bin" / "python")}
-        for name in ("SPARK_HOME", "PYTHONPATH", "PYSPARK_DRIVER_PYTHON", "SPARK_CONF_DIR"):
-            env.pop(name, None)
-        self.process = subprocess.Popen(
-            [str(venv / "bin" / "python"), str(HERE / "java_server.py"), str(venv / "jars.txt")],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            env=env,
-            text=True,
-            start_new_session=True,
-        )
-        self._lock = threading.Lock()
-        ready = self._read(START_TIMEOUT_S)
-        if not ready.get("ready"):
-            self.close()
-            raise JavaError(f"Iceberg Java did not start: {ready}; see {log_path}")
-        self.versions = (ready["spark"], ready["iceberg"])
-
-    def _read(self, timeout_s: float) -> dict:
-        result: list[str] = []
-        reader = threading.Thread(target=lambda: result.append(self.process.stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(timeout_s)
-        if not result or not result[0]:
-            code = self.process.poll()
-            raise JavaError(f"no answer from Iceberg Java within {timeout_s:.0f} s (exit code {code})")
-        return json.loads(result[0])
-
-    def _call(self, request: dict, timeout_s: float = 600) -> dict:
-        with self._lock:
-            self.process.stdin.write(json.dumps(request) + "\n")
-            self.process.stdin.flush()
-            reply = self._read(timeout_s)
-        if not reply["ok"]:
-            raise JavaError(reply["error"])
-        return reply
-
-    def register_catalog(self, name: str, jdbc_uri: str, warehouse: str) -> None:
-        """A JdbcCatalog `name` over the schema pyiceberg's SqlCatalog uses (schema V0: no iceberg_type)."""
-        properties = {
-            "catalog-impl": "org.apache.iceberg.jdbc.JdbcCatalog",
-            "uri": jdbc_uri,
-            "warehouse": warehouse,
-            "jdbc.schema-version": "V0",
-            "cache-enabled": "false",
-        }
-        self._call({"op": "catalog", "name": name, "properties": properties})
+class JavaIceberg(iceberg_java.JavaIceberg):
+    """The bench's Iceberg Java session; `sql` answers in Python values."""
 
     def sql(self, statement: str) -> list[dict[str, Any]]:
-        reply = self._call({"op": "sql", "sql": statement})
-        return [dict(zip(reply["columns"], (from_java(v) for v in row), strict=True)) for row in reply["rows"]]
-
-    def remove_orphan_files(self, table: str, older_than_ms: int) -> list[str]:
-        """Java's DeleteOrphanFiles action on `catalog.ns.table`; the locations it deleted."""
-        return self._call({"op": "remove_orphan_files", "table": table, "older_than_ms": older_than_ms})["deleted"]
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            try:
-                self.process.stdin.write(json.dumps({"op": "stop"}) + "\n")
-                self.process.stdin.flush()
-                self.process.wait(30)
-            except (OSError, subprocess.TimeoutExpired):
-                os.killpg(self.process.pid, 9)
-                self.process.wait(10)
-        self._log.close()
+        rows, _ = self.sql_timed(statement)
+        return [{k: from_java(v) for k, v in row.items()} for row in rows]
 
 
 def from_java(value: Any) -> Any:

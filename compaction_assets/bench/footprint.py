@@ -1,0 +1,133 @@
+"""Whole-footprint memory and a busy machine, for the bench (issue 36 points 2 and 3).
+
+`TreePeak` samples, in a thread, the resident memory summed over every process doing one
+contender's work (ours: the bench driver, the Spark JVM and its Python workers; Iceberg Java: the
+server's Python driver and its JVM) and keeps the largest sum seen over the run. Processes are
+found by walking the process tree at every sample, through psutil if installed, else /proc.
+
+`background_load` runs N CPU-bound processes (a busy loop each) while a block runs, so every
+contender is timed on the same busy machine; they are killed by pid when the block ends.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+try:  # optional: the /proc walk below does the same on Linux
+    import psutil
+except ImportError:  # pragma: no cover - depends on the environment
+    psutil = None
+
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+INTERVAL_S = 0.05
+
+
+def _children_map() -> dict[int, list[int]]:
+    """Parent pid -> child pids, from /proc/<pid>/stat."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])  # after "(comm)": state, ppid
+        children.setdefault(ppid, []).append(int(entry.name))
+    return children
+
+
+def _rss(pid: int) -> int:
+    """A process's resident bytes now; 0 if it is gone."""
+    if psutil is not None:
+        try:
+            return psutil.Process(pid).memory_info().rss
+        except psutil.Error:
+            return 0
+    try:
+        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def tree_pids(trees: Iterable[int], singles: Iterable[int] = ()) -> set[int]:
+    """The pids of every process in the trees rooted at `trees`, and `singles` (without their children)."""
+    pids = set(singles)
+    roots = list(trees)
+    if psutil is not None:
+        for root in roots:
+            try:
+                process = psutil.Process(root)
+                pids.add(root)
+                pids.update(child.pid for child in process.children(recursive=True))
+            except psutil.Error:
+                continue
+        return pids
+    children = _children_map()
+    while roots:
+        pid = roots.pop()
+        if pid not in pids:
+            pids.add(pid)
+            roots.extend(children.get(pid, ()))
+    return pids
+
+
+def tree_rss(trees: Iterable[int], singles: Iterable[int] = ()) -> int:
+    """Resident bytes summed over `tree_pids(trees, singles)` now."""
+    return sum(_rss(pid) for pid in tree_pids(trees, singles))
+
+
+class TreePeak:
+    """The largest `tree_rss(trees, singles)` sampled every INTERVAL_S while the block runs
+    (`peak`, bytes). Short-lived peaks between two samples are missed: a lower bound."""
+
+    def __init__(self, trees: Iterable[int], singles: Iterable[int] = ()) -> None:
+        self.trees, self.singles = list(trees), list(singles)
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="tree-peak-rss", daemon=True)
+
+    def _sample(self) -> None:
+        while True:
+            self.peak = max(self.peak, tree_rss(self.trees, self.singles))
+            if self._stop.wait(INTERVAL_S):
+                break
+
+    def __enter__(self) -> TreePeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, tree_rss(self.trees, self.singles))
+
+
+BUSY_LOOP = "import signal, sys\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\nwhile True:\n    pass\n"
+
+
+@contextmanager
+def background_load(processes: int) -> Iterator[list[int]]:
+    """`processes` busy-loop Python processes for the block's duration (their pids); each is
+    killed by its pid at the end, also when the block fails."""
+    started: list[subprocess.Popen] = []
+    try:
+        for _ in range(processes):
+            started.append(subprocess.Popen([sys.executable, "-c", BUSY_LOOP], stdin=subprocess.DEVNULL))
+        yield [p.pid for p in started]
+    finally:
+        for process in started:
+            process.kill()
+        for process in started:
+            process.wait(10)
+
+
+def load_average() -> str:
+    """The 1, 5 and 15 minute load averages, as `uptime` shows them."""
+    return " ".join(f"{v:.2f}" for v in os.getloadavg())
