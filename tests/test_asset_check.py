@@ -86,18 +86,29 @@ def test_materialising_a_partition_compacts_it_and_the_check_passes(lake, instan
 
 
 def test_check_fails_and_blocks_on_a_task_left_prepared_until_recovered(lake, instance):
+    """An attempt left PREPARED by a live process (here: this one, as a run stuck in its commit)
+    holds the partition: the run skips it and the blocking check fails naming the attempt and
+    `recover`. One left by a dead process is recovered: by the recovery sensor's run (below), or by
+    the partition's next run itself (tests/test_open_attempts.py)."""
     table = create_fragmented(lake, "ns.t", {"eu": 30})
     before = rows_digest(table)
-    crashed = lake.cli("compact", "ns.t", crash_at="after_prepare")  # the run stopped after precommit
-    assert crashed.returncode == 137, crashed.stderr
+    eu = [f["file_path"] for f in table.inspect.files().to_pylist()]
+    stuck = lake.engine.ledger.begin(
+        "stuck-task", "ns.t", "region=eu", "minor", table.current_snapshot().snapshot_id, eu, ["/nowhere"], 1500, 1
+    )
+    lake.engine.ledger.prepare(stuck.attempt_id, [], rows_out=1500, bytes_out=1)
 
     result, check = run_partition(lake, instance, "region=eu")
 
     assert not result.success  # blocking: the run fails
     assert not check.passed
     problems = check.metadata["problems"].value
-    assert "left PREPARED" in problems
+    assert f"attempt {stuck.attempt_id} of task stuck-task is left PREPARED" in problems
     assert "compaction-assets recover" in check.metadata["fix"].value
+    lake.engine.ledger.mark_rolled_back(stuck.attempt_id, "test: the stuck run gave up")
+
+    crashed = lake.cli("compact", "ns.t", crash_at="after_prepare")  # a run that died after precommit
+    assert crashed.returncode == 137, crashed.stderr
 
     # The automatic path: the recovery sensor notices the dead attempt and requests a recovery run.
     defs = build_definitions(load_config(lake.config_path))
@@ -106,7 +117,7 @@ def test_check_fails_and_blocks_on_a_task_left_prepared_until_recovered(lake, in
     request = defs.get_sensor_def("recovery_sensor")(context)
     assert isinstance(request, RunRequest)
     assert defs.resolve_job_def("recover_compaction_tasks").execute_in_process(instance=instance).success
-    assert lake.engine.ledger.counts() == {"COMMITTED": 1}
+    assert lake.engine.ledger.counts() == {"COMMITTED": 1, "ROLLED_BACK": 1}
     healed, healed_check = run_partition(lake, instance, "region=eu")
     assert healed.success and healed_check.passed
     assert rows_digest(lake.table("ns.t")) == before

@@ -2,7 +2,11 @@
 
 import json
 import logging
+import socket
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import yaml
@@ -268,12 +272,38 @@ def test_new_and_dropped_tables_ask_for_a_code_location_reload(queued_lake, inst
     assert ("ns.flat", "") not in requested(result)
 
 
+@contextmanager
+def speaks_http2(port: int) -> Iterator[None]:
+    """A listener on `port` that answers each connection's HTTP/2 preface with an empty SETTINGS
+    frame, as a gRPC server (Spark Connect) does: what spark.require_server probes for."""
+    server = socket.create_server(("127.0.0.1", port))
+    server.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.recv(64)
+                conn.sendall(bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        server.close()
+
+
 def test_no_requests_while_the_connect_server_is_down_and_the_partitions_wait(queued_lake, instance):
     """Connect mode with nothing answering at spark.remote: every run would fail at once and its run
     key (one per snapshot) would never be requested again, so the sensor requests nothing, says why,
     and plans the same partitions on the next tick; once a server listens, they are requested."""
-    import socket
-
     from tests.conftest import free_port
 
     port = free_port()
@@ -289,6 +319,6 @@ def test_no_requests_while_the_connect_server_is_down_and_the_partitions_wait(qu
     again = tick(queued_lake, instance, cursor=down.cursor)  # tables unchanged, still planned
     assert again.run_requests == [] and "worth compacting wait" in again.skip_reason.skip_message
 
-    with socket.create_server(("127.0.0.1", port)):  # something answers at spark.remote now
+    with speaks_http2(port):  # a server answering as gRPC servers do listens at spark.remote now
         up = tick(queued_lake, instance, cursor=again.cursor)
     assert {k for k in requested(up, instance) if k[0] == "sales.orders"} == {("sales.orders", p) for p in ORDERS}
