@@ -14,6 +14,7 @@ from compaction_assets.execution.spark import (
     spark_conf,
     spark_session,
     stale_connect_session,
+    start_local_jvm,
 )
 
 RETRY_ON_FAILURE_TAG = "dagster/retry_on_asset_or_op_failure"  # read by run retries when the run fails
@@ -58,6 +59,7 @@ class CompactionResource(ConfigurableResource):
                 if spark.spark_config.get("spark.remote") != current or stale_connect_session(current):
                     return spark_session(config.spark)
                 return bounded_retries(spark.spark_session, current)
+            start_local_jvm(spark.spark_config)  # the JVM's stderr without the incubator-module line
             return spark.spark_session
 
         return Engine(config, spark=session)

@@ -9,8 +9,12 @@ from __future__ import annotations
 import atexit
 import os
 import socket
+import subprocess
 import sys
+import threading
+from collections.abc import Mapping
 from pathlib import Path
+from typing import IO
 from urllib.parse import urlparse
 
 from pyspark.sql import SparkSession
@@ -113,11 +117,38 @@ def spark_session(cfg: SparkConfig) -> SparkSession:
     conf = spark_conf(cfg)
     if cfg.mode == "connect" and stale_connect_session(conf["spark.remote"]):
         forget_connect_session()
+    if cfg.mode == "local":
+        start_local_jvm(conf)
     builder = SparkSession.builder
     for key, value in conf.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     return bounded_retries(session, conf["spark.remote"]) if cfg.mode == "connect" else session
+
+
+# Spark's launcher always adds `--add-modules=jdk.incubator.vector` (JavaModuleOptions), and the JDK
+# prints this line to stderr at boot whenever an incubator module is resolved (ModuleBootstrap.warn:
+# no option turns it off). The module stays; only the line is dropped.
+INCUBATOR_LINE = b"WARNING: Using incubator modules: "
+
+
+def start_local_jvm(conf: Mapping[str, str]) -> None:
+    """Local mode: launch this process's driver JVM (unless it runs) as pyspark would, with `conf`,
+    but its stderr passed on through `_pass_stderr`, without the JDK's incubator-module line."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    if SparkContext._gateway is not None:  # noqa: SLF001
+        return
+    gateway = launch_gateway(SparkConf(loadDefaults=False).setAll(conf.items()), {"stderr": subprocess.PIPE})
+    threading.Thread(target=_pass_stderr, args=(gateway.proc.stderr,), name="spark-stderr", daemon=True).start()
+    SparkContext._ensure_initialized(gateway=gateway)  # noqa: SLF001 - the session then uses this JVM
+
+
+def _pass_stderr(stream: IO[bytes]) -> None:
+    for line in iter(stream.readline, b""):
+        if not line.startswith(INCUBATOR_LINE):
+            os.write(2, line)
 
 
 # A Connect client retries an unreachable server for ~10 min by default (15 tries, backoff to 60 s),
