@@ -22,6 +22,7 @@ from compaction_assets.stack import PROJECT_DAGSTER_YAML, Stack, write_workspace
 __all__ = ["run_dagster_dev", "session_members", "warm_spark"]
 
 STREAM_INTERVAL_S = 20
+DEV_SUPERSEDED = "Function `dev_command` is superseded"  # the start of the warning's text
 
 
 def run_dagster_dev(config: CompactionConfig, port: int, stream: bool) -> int:
@@ -45,7 +46,10 @@ def run_dagster_dev(config: CompactionConfig, port: int, stream: bool) -> int:
         WEBSERVER_ENV: url,
         SPARK_REMOTE_ENV: config.spark.remote,
     }
-    command = [str(Path(sys.executable).parent / "dagster"), "dev", "-h", "127.0.0.1", "-p", str(port)]
+    # `dagster dev` warns once that it is superseded by `dg dev` (dagster-dg-cli, not installed);
+    # -W drops that one warning in that one process, not the rest, and not in its children.
+    quiet = f"ignore:{DEV_SUPERSEDED}:FutureWarning"  # Dagster's SupersessionWarning is a FutureWarning
+    command = [sys.executable, "-W", quiet, "-m", "dagster", "dev", "-h", "127.0.0.1", "-p", str(port)]
     stack = Stack(config)
     stop = threading.Event()
     with signals_raise():

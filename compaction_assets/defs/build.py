@@ -20,7 +20,7 @@ from compaction_assets.defs.demo_writer import DEMO_WRITER_KEY, orders_stream
 from compaction_assets.defs.gc_assets import gc_schedule, maintenance
 from compaction_assets.defs.naming import op_name, table_key
 from compaction_assets.defs.resources import CompactionResource, pyspark_resource
-from compaction_assets.defs.sensors import fragmentation_sensor, recover_job, recovery_sensor, restart_spark_server_job
+from compaction_assets.defs.sensors import fragmentation_sensor, recovery_jobs, recovery_sensor
 from compaction_assets.errors import ConfigError
 from compaction_assets.lake.catalog import managed_versions, open_catalog
 from compaction_assets.lake.table_details import DetailsCache, managed_details
@@ -62,15 +62,17 @@ def build_definitions(config: CompactionConfig, only: Collection[str] | None = N
     scheduling = config.scheduling
     partitioned = {name: found.partitioned for name, found in details.items()}
     left_out = frozenset(versions) - frozenset(details)
+    compaction = CompactionResource(config_path=config.source)
+    jobs = recovery_jobs(compaction)
     return Definitions(
         assets=assets,
-        jobs=[recover_job, restart_spark_server_job],
+        jobs=jobs,
         schedules=[gc_schedule(list(details) if only is None else None)],
         sensors=[
             fragmentation_sensor(partitioned, scheduling.sensor_interval_seconds, left_out),
-            recovery_sensor(scheduling.recovery_interval_seconds),
+            recovery_sensor(scheduling.recovery_interval_seconds, jobs),
         ],
-        resources={"compaction": CompactionResource(config_path=config.source), "pyspark": pyspark_resource(config)},
+        resources={"compaction": compaction, "pyspark": pyspark_resource(config)},
         executor=in_process_executor,
     )
 

@@ -23,6 +23,7 @@ from dagster import (
     DagsterRunStatus,
     DefaultSensorStatus,
     DeleteDynamicPartitionsRequest,
+    JobDefinition,
     OpExecutionContext,
     RunRequest,
     RunsFilter,
@@ -30,7 +31,7 @@ from dagster import (
     SensorEvaluationContext,
     SensorResult,
     SkipReason,
-    job,
+    graph,
     op,
     sensor,
 )
@@ -124,6 +125,13 @@ def sync_pool_limits(instance: DagsterInstance, config: CompactionConfig) -> Non
             storage.set_concurrency_slots(pool, queue.max_concurrent_runs)
 
 
+# The tables' assets (naming.table_key: `lake/...`) and the maintenance asset, as a selection the UI
+# shows as text: key_prefixes has no text form (the UI showed its Python repr), and key wildcards and
+# kinds reach the UI as every matching key listed. (A writer key containing "lake/" would be selected
+# too: harmless, the sensor requests only tables and maintenance.)
+COMPACTED_ASSETS = AssetSelection.key_substring("lake/") | AssetSelection.assets(MAINTENANCE_KEY)
+
+
 def fragmentation_sensor(
     tables: dict[str, bool], interval_seconds: int, left_out: frozenset[str] = frozenset()
 ) -> SensorDefinition:
@@ -133,7 +141,7 @@ def fragmentation_sensor(
 
     @sensor(
         name="fragmentation_sensor",
-        asset_selection=AssetSelection.key_prefixes("lake") | AssetSelection.assets(MAINTENANCE_KEY),
+        asset_selection=COMPACTED_ASSETS,
         minimum_interval_seconds=interval_seconds,
         default_status=DefaultSensorStatus.RUNNING,
         description="Plans tables whose snapshot changed, records their fragmentation as observations, and "
@@ -510,8 +518,11 @@ def recover_orphaned_attempts(context: OpExecutionContext, compaction: Compactio
         raise CompactionError(redact("could not recover: " + "; ".join(report.errors)))
 
 
-@job(name="recover_compaction_tasks", tags={"compaction/maintenance": "recovery"})
-def recover_job() -> None:
+RECOVER_JOB = "recover_compaction_tasks"
+
+
+@graph
+def recover_graph() -> None:
     recover_orphaned_attempts()
 
 
@@ -536,9 +547,22 @@ def start_spark_server(context: OpExecutionContext, compaction: CompactionResour
     context.log.info(f"restarted in {time.monotonic() - began:.1f} s with a new shared session: {state.describe()}")
 
 
-@job(name=RESTART_JOB, tags={"compaction/maintenance": "spark-server"})
-def restart_spark_server_job() -> None:
+@graph
+def restart_spark_server_graph() -> None:
     start_spark_server()
+
+
+def recovery_jobs(compaction: CompactionResource) -> list[JobDefinition]:
+    """The recovery sensor's jobs, `compaction` bound here: a job left to take it from the
+    Definitions makes Dagster copy the sensor, and that copy warns (BetaWarning about the sensor's
+    `owners`) in every process that loads the code location."""
+    resources = {"compaction": compaction}
+    return [
+        recover_graph.to_job(name=RECOVER_JOB, tags={"compaction/maintenance": "recovery"}, resource_defs=resources),
+        restart_spark_server_graph.to_job(
+            name=RESTART_JOB, tags={"compaction/maintenance": "spark-server"}, resource_defs=resources
+        ),
+    ]
 
 
 def server_restart_request(context: SensorEvaluationContext, config: CompactionConfig) -> RunRequest | None:
@@ -575,10 +599,12 @@ def server_restart_request(context: SensorEvaluationContext, config: CompactionC
     return RunRequest(run_key=f"spark-server|{current.dead_pid}|{len(records)}", job_name=RESTART_JOB)
 
 
-def recovery_sensor(interval_seconds: int) -> SensorDefinition:
+def recovery_sensor(interval_seconds: int, jobs: list[JobDefinition]) -> SensorDefinition:
+    """Requests `jobs` (recovery_jobs) when attempts are orphaned or the warm Spark died."""
+
     @sensor(
         name="recovery_sensor",
-        jobs=[recover_job, restart_spark_server_job],
+        jobs=jobs,
         minimum_interval_seconds=interval_seconds,
         default_status=DefaultSensorStatus.RUNNING,
         description="Requests a recovery run when a compaction attempt is left open by a dead process, and "
@@ -596,7 +622,7 @@ def recovery_sensor(interval_seconds: int) -> SensorDefinition:
             context.log.info(f"orphaned {attempt.status} attempt {attempt.attempt_id} of {attempt.table_name}")
         if orphaned:
             key = ",".join(sorted(a.attempt_id for a in orphaned))
-            requests.append(RunRequest(run_key=key, job_name=recover_job.name))
+            requests.append(RunRequest(run_key=key, job_name=RECOVER_JOB))
         if not requests:
             return SkipReason("no orphaned compaction attempts")
         return requests[0] if len(requests) == 1 else SensorResult(run_requests=requests)
