@@ -74,4 +74,5 @@ def test_status_finds_the_demo_instance_or_says_how(tmp_path, monkeypatch):
     assert default.split()[1:3] == ["0", "0"]  # running, queued: read from the instance, not "-"
 
     run = cli(config, "compact", "ns.t", "--partition", "region=eu")
-    assert run.returncode == 2 and "has no partition 'region=eu' (it is unpartitioned: leave out --partition)" in run.stderr
+    assert run.returncode == 2
+    assert "has no partition 'region=eu' (it is unpartitioned: leave out --partition)" in run.stderr
