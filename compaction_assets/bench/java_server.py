@@ -18,6 +18,7 @@ import json
 import math
 import os
 import sys
+import threading
 import time
 import traceback
 
@@ -54,7 +55,17 @@ def remove_orphan_files(spark, table: str, older_than_ms: int) -> list[str]:
     return [str(location) for location in result.orphanFileLocations()]
 
 
+def exit_with_parent() -> None:
+    """Exit once the process that started this one is gone (killed, say, in the middle of a long
+    CALL): the JVM follows, as PySpark's gateway exits when its driver's pipe closes."""
+    parent = os.getppid()
+    while os.getppid() == parent:
+        time.sleep(1)
+    os._exit(1)
+
+
 def main() -> None:
+    threading.Thread(target=exit_with_parent, daemon=True).start()
     # Responses go to a private copy of stdout; the JVM and Spark's Python side write to stderr.
     out = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
