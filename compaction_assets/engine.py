@@ -80,6 +80,7 @@ class TablePlan:
     replan_at_ms: int | None = None
     expire: ExpireRule | str | None = None  # the expiration planned with (None: off; str: why it cannot run)
     clustering: Clustering | None = None  # z-order columns, else sort order (None: neither)
+    table_uuid: str | None = None  # the planned table's (recovery refuses an attempt on another of its name)
 
     @property
     def to_compact(self) -> list[PartitionPlan]:
@@ -401,6 +402,7 @@ class Engine:
             replan_at,
             expire,
             clustering,
+            str(table.metadata.table_uuid),
         )
         return tplan, {f.path: f for f in files}
 
@@ -463,6 +465,7 @@ class Engine:
             rows_in=rows_in,
             bytes_in=bytes_in,
             claim=True,
+            table_uuid=tplan.table_uuid,
         )
 
     def _skip_held(self, table_name: str, plan: PartitionPlan, claimed: Claimed, held: list[PartitionOutcome]) -> None:

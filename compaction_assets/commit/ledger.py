@@ -42,6 +42,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import DatabaseError, IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
+from compaction_assets.commit.process_identity import process_identity
 from compaction_assets.errors import CompactionError
 from compaction_assets.lake.storage import Claims
 from compaction_assets.redact import redact
@@ -99,6 +100,10 @@ class AttemptRow(_Base):
     removed_deletes: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
     # rows of rows_in a data expiration dropped on purpose (kind expire; None: none expired)
     rows_expired: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # the table's uuid when the attempt began (recovery leaves an attempt alone on another table of its name)
+    table_uuid: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # the owner process beyond host and pid (process_identity: PID namespace and start time)
+    process: Mapped[str | None] = mapped_column(String(128), nullable=True)
 
 
 class TableLock(_Base):
@@ -139,6 +144,8 @@ class Attempt:
     covered_files: list[str] | None  # None: not recorded (see AttemptRow)
     removed_deletes: list[str]
     rows_expired: int | None = None  # see AttemptRow
+    table_uuid: str | None = None  # see AttemptRow
+    process: str | None = None  # see AttemptRow
 
     @classmethod
     def _from_row(cls, row: AttemptRow) -> Attempt:
@@ -200,6 +207,7 @@ class Ledger:
         bytes_in: int,
         covered_files: list[str] | None = None,
         claim: bool = False,
+        table_uuid: str | None = None,
     ) -> Attempt:
         """Record a new EXECUTING attempt of `task_id` (attempt numbers count up per task).
 
@@ -246,6 +254,8 @@ class Ledger:
                 covered_files=covered_files,
                 host=socket.gethostname(),
                 pid=os.getpid(),
+                process=process_identity(),
+                table_uuid=table_uuid,
                 created_at=now,
                 updated_at=now,
             )

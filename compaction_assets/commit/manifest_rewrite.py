@@ -198,6 +198,7 @@ def _run(
         output_dirs=[metadata_dir],
         rows_in=entries,
         bytes_in=sum(m.manifest_length for m in replaced),
+        table_uuid=str(table.metadata.table_uuid),
     )
     report.attempt_id = attempt.attempt_id
     with Heartbeat(ledger, heartbeat_seconds) as heartbeat:

@@ -40,6 +40,7 @@ from pyiceberg.table import Table
 
 from compaction_assets.commit import manifest_rewrite
 from compaction_assets.commit.ledger import OPEN, Attempt, Ledger, StaleAttempt, Status
+from compaction_assets.commit.process_identity import judged_gone
 from compaction_assets.commit.two_phase import (
     EXPIRE_KIND,
     CommitResult,
@@ -76,9 +77,14 @@ class RecoveryReport:
 
 
 def process_gone(attempt: Attempt) -> bool:
-    """True when the attempt ran on this host and its process no longer exists."""
+    """True when the attempt ran on this host and its process no longer exists: its pid is free,
+    or another process's now (process_identity). An owner in another PID namespace under the same
+    host name (a container on the host's network) cannot be judged by pid: its heartbeat decides.
+    Attempts recorded before the process identity was (None) are judged by pid alone."""
     if attempt.host != socket.gethostname():
         return False
+    if attempt.process is not None:
+        return bool(judged_gone(attempt.process, attempt.pid))
     try:
         os.kill(attempt.pid, 0)
     except ProcessLookupError:
@@ -217,6 +223,10 @@ def _isolated(ledger: Ledger, attempt: Attempt, report: RecoveryReport, recover_
         recover_one()
     except StaleAttempt:
         return  # another recovery or the attempt's own process ended it first
+    except _Replaced as exc:
+        ledger.park(attempt.attempt_id, str(exc))
+        report.parked.append(attempt.attempt_id)
+        return
     except Exception as exc:  # one attempt must not stop the others' recovery
         error = f"{type(exc).__name__}: {exc}"
         name = f"{attempt.table_name} attempt {attempt.attempt_id}"
@@ -237,6 +247,24 @@ class _Unreachable(CompactionError):
     """The attempt's table could not be loaded (catalog unreachable, bad metadata)."""
 
 
+class _Replaced(CompactionError):
+    """The table the attempt's name loads is not the one it ran on: parked, its files left alone."""
+
+
+def _same_table(table: Table, attempt: Attempt) -> Table:
+    """`table`, if it is the one the attempt began on (same table uuid; not recorded: assumed),
+    else raise _Replaced: renamed, or dropped and created again under the name. Committing,
+    rolling back or sweeping against that other table would judge the attempt by files it
+    never had (and delete ones the renamed table still reads)."""
+    if attempt.table_uuid is not None and str(table.metadata.table_uuid) != attempt.table_uuid:
+        raise _Replaced(
+            f"{attempt.table_name} is not the table this attempt ran on (table uuid {attempt.table_uuid}, now "
+            f"{table.metadata.table_uuid}: renamed, or dropped and created again); parked, its files left as "
+            "they are (if the table was renamed, its snapshots say whether the attempt committed)"
+        )
+    return table
+
+
 def _load(catalog: Catalog, attempt: Attempt) -> Table | None:
     """The attempt's table, or None if it was dropped."""
     try:
@@ -252,7 +280,7 @@ def _abandon(catalog: Catalog, ledger: Ledger, attempt: Attempt, why: str, repor
     if table is None:
         ledger.mark_failed(attempt.attempt_id, f"abandoned: {why}; table dropped")
     else:
-        abandon(table, ledger, attempt, f"abandoned: {why}")
+        abandon(_same_table(table, attempt), ledger, attempt, f"abandoned: {why}")
     report.abandoned.append(attempt.attempt_id)
 
 
@@ -265,6 +293,7 @@ def _recover_prepared(
         ledger.mark_rolled_back(attempt.attempt_id, "table dropped before commit")
         report.rolled_back.append(attempt.attempt_id)
         return
+    _same_table(table, attempt)
     if attempt.kind == manifest_rewrite.KIND:  # never recommitted: see commit/manifest_rewrite.py
         if (committed := manifest_rewrite.committed_by_manifests(table, attempt)) is not None:
             confirm_committed(table, ledger, attempt, committed)
