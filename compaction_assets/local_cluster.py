@@ -31,6 +31,7 @@ from pathlib import Path
 import pyspark
 
 from compaction_assets.errors import CompactionError
+from compaction_assets.process_groups import descendants
 
 SPARK_HOME = Path(pyspark.__file__).parent
 SPARK_CLASS = SPARK_HOME / "bin" / "spark-class"
@@ -234,31 +235,10 @@ def _spawn(name: str, main_class: str, args: list[str], webui: int, root: Path, 
     return Daemon(name, process, webui, log)
 
 
-def _children() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
-    return children
-
-
 def _tree(pid: int) -> list[int]:
     """`pid` and its live descendants (pyspark's daemon moves itself into a group of its own, so
     a process group alone does not reach every Python worker)."""
-    children = _children()
-    found, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        if Path(f"/proc/{current}").exists():
-            found.append(current)
-        todo.extend(children.get(current, []))
-    return found
+    return descendants(pid)
 
 
 def _kill_tree(process: subprocess.Popen, sig: int) -> None:

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog
 from pyiceberg.typedef import Record
@@ -101,21 +100,7 @@ def pyarrow_anti_join(
     seconds, rss = contenders.in_child(
         _anti_join, [str(p) for p in sources], deletes.equality_keys, positions, str(out), target_bytes
     )
-    written = sorted(out.glob("*.parquet"))
-    identical = batches_digest(ds.dataset(written).to_batches()) == expected
-    size = sum(p.stat().st_size for p in written)
-    return contenders.Result(
-        "pyarrow 1 thread",
-        seconds,
-        bytes_in,
-        len(sources),
-        len(written),
-        rss,
-        "process",
-        identical,
-        bytes_after=size,
-        tree_peak_rss=rss,
-    )
+    return contenders.pyarrow_result(seconds, rss, len(sources), out, expected, bytes_in)
 
 
 def _anti_join(sources: list[str], keys: np.ndarray, positions: dict[str, list[int]], out: str, target: int) -> None:

@@ -179,6 +179,12 @@ def deltars(uri: str, target_bytes: int, expected: RowsDigest, bytes_in: int, fi
 def pyarrow_copy(sources: list[Path], out: Path, target_bytes: int, expected: RowsDigest, bytes_in: int) -> Result:
     """The limit: one thread streaming every file's record batches into target-size files."""
     seconds, rss = in_child(_pyarrow_copy, [str(p) for p in sources], str(out), target_bytes)
+    return pyarrow_result(seconds, rss, len(sources), out, expected, bytes_in)
+
+
+def pyarrow_result(seconds: float, rss: int, files: int, out: Path, expected: RowsDigest, bytes_in: int) -> Result:
+    """A one-thread pyarrow contender's result from the files it wrote to `out` (in a child process:
+    its peak RSS is the whole footprint)."""
     written = sorted(out.glob("*.parquet"))
     identical = batches_digest(ds.dataset(written).to_batches()) == expected
     size = sum(p.stat().st_size for p in written)
@@ -186,7 +192,7 @@ def pyarrow_copy(sources: list[Path], out: Path, target_bytes: int, expected: Ro
         "pyarrow 1 thread",
         seconds,
         bytes_in,
-        len(sources),
+        files,
         len(written),
         rss,
         "process",

@@ -19,6 +19,8 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from compaction_assets.process_groups import descendants
+
 try:  # optional: the /proc walk below does the same on Linux
     import psutil
 except ImportError:  # pragma: no cover - depends on the environment
@@ -26,21 +28,6 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 INTERVAL_S = 0.05
-
-
-def _children_map() -> dict[int, list[int]]:
-    """Parent pid -> child pids, from /proc/<pid>/stat."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue  # gone meanwhile
-        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])  # after "(comm)": state, ppid
-        children.setdefault(ppid, []).append(int(entry.name))
-    return children
 
 
 def _rss(pid: int) -> int:
@@ -69,12 +56,8 @@ def tree_pids(trees: Iterable[int], singles: Iterable[int] = ()) -> set[int]:
             except psutil.Error:
                 continue
         return pids
-    children = _children_map()
-    while roots:
-        pid = roots.pop()
-        if pid not in pids:
-            pids.add(pid)
-            roots.extend(children.get(pid, ()))
+    for root in roots:
+        pids.update(descendants(root))
     return pids
 
 
