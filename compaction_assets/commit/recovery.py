@@ -290,7 +290,11 @@ def _recover_prepared(
     """Decide one PREPARED attempt: settled here, or appended to `recommit` (see the module docstring)."""
     table = load()
     if table is None:
-        ledger.mark_rolled_back(attempt.attempt_id, "table dropped before commit")
+        ledger.mark_rolled_back(
+            attempt.attempt_id,
+            "table not found: dropped, or renamed (then the renamed table's snapshots say whether this "
+            "attempt committed); its files are left as they are",
+        )
         report.rolled_back.append(attempt.attempt_id)
         return
     _same_table(table, attempt)
