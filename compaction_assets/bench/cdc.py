@@ -11,7 +11,6 @@ deletes. All keep the same rows: checked against the rows the dataset generator 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -27,7 +26,7 @@ from compaction_assets.bench import contenders, datasets, iceberg_java
 from compaction_assets.bench.datasets import Dataset
 from compaction_assets.engine import Engine
 from compaction_assets.lake.delete_files import commit_delete_files, equality_delete_file, position_delete_file
-from compaction_assets.lake.digest import RowsDigest, batches_digest, rows_digest
+from compaction_assets.lake.digest import RowsDigest, batches_digest
 from compaction_assets.lake.files import live_files
 
 CDC = Dataset("cdc", 1_000, 5_000)
@@ -168,31 +167,8 @@ def compare_cdc(
 
 
 def _ours(engine: Engine, name: str, expected: RowsDigest, bytes_in: int, files: int) -> contenders.Result:
-    contenders.warm_workers(engine.spark_session())
-    with contenders.our_footprint(engine.spark_session()) as tree:
-        started = time.perf_counter()
-        outcomes = engine.compact(name)
-        seconds = time.perf_counter() - started
-    if not outcomes or any(o.status != "committed" for o in outcomes):
-        raise RuntimeError(f"bench: our compaction of {name} did not commit: {[o.reason for o in outcomes]}")
-    table = engine.catalog.load_table(name)
-    remaining = [f for f in live_files(table) if f.is_delete]
-    if remaining:
+    """contenders.ours, and every delete file gone afterwards (the cdc run plans a full rewrite)."""
+    result = contenders.ours(engine, name, expected, bytes_in, files)
+    if remaining := [f for f in live_files(engine.catalog.load_table(name)) if f.is_delete]:
         raise RuntimeError(f"bench: {len(remaining)} delete file(s) of {name} left after a full rewrite")
-    after, bytes_after = contenders.data_files(table)
-    rss = max(o.peak_worker_rss for o in outcomes)
-    identical = rows_digest(table) == expected
-    path = contenders.engines(outcomes)
-    return contenders.Result(
-        "ours",
-        seconds,
-        bytes_in,
-        files,
-        after,
-        rss,
-        "spark python worker",
-        identical,
-        path=path,
-        bytes_after=bytes_after,
-        tree_peak_rss=tree.peak,
-    )
+    return result
