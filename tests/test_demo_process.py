@@ -20,7 +20,8 @@ from compaction_assets.config import load_config
 from compaction_assets.demo_ui import session_members
 from compaction_assets.execution import connect_server
 from compaction_assets.lake.catalog import open_catalog
-from tests.conftest import CLI, REPO, free_port
+from tests.conftest import free_port
+from tests.lakekit.demo_process import answers, start_demo
 
 FIXED_COST = re.compile(r"dagster_run_fixed_cost_s=([0-9.]+) \(.*spark connect\)")
 
@@ -33,14 +34,6 @@ def asset_keys(graphql: str) -> list[list[str]]:
             return [n["assetKey"]["path"] for n in json.load(response)["data"]["assetNodes"]]
     except (OSError, KeyError, TypeError):
         return []
-
-
-def answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=3) as response:
-            return response.status == 200
-    except OSError:
-        return False
 
 
 def listening(port: int) -> bool:
@@ -75,22 +68,9 @@ def wait_for(condition, seconds: float, what: str, log: Path) -> None:  # noqa: 
 def test_demo_runs_on_warm_spark_and_a_signal_stops_everything(tmp_path, signum, to_group):
     """SIGTERM to the demo's PID; SIGINT to its whole process group, as Ctrl-C in a terminal sends it."""
     spark_port, ui_port = free_port(), free_port()
-    config_path = tmp_path / "compaction.yaml"
-    config_path.write_text(
-        (REPO / "compaction.yaml").read_text().replace("sc://127.0.0.1:15002", f"sc://127.0.0.1:{spark_port}")
-    )
+    demo, log, config_path = start_demo(tmp_path, spark_port, ui_port)
     spark = load_config(config_path).spark
     assert spark.mode == "connect"  # the default deployment runs on the warm Spark
-    log = tmp_path / "demo.log"
-    env = {**os.environ, "COMPACTION_CONFIG": str(config_path)}
-    env.pop("DAGSTER_HOME", None)
-    demo = subprocess.Popen(
-        [*CLI, "demo", "--files-per-partition", "6", "--port", str(ui_port)],
-        env=env,
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,  # as a terminal would: the demo leads its own session
-    )
     try:
         url = f"http://127.0.0.1:{ui_port}/server_info"
         wait_for(lambda: answers(url), 300, "the UI did not answer", log)

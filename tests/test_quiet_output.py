@@ -11,8 +11,9 @@ import urllib.request
 
 from compaction_assets.config import load_config
 from compaction_assets.defs.sensors import COMPACTED_ASSETS
-from tests.conftest import CLI, REPO, free_port
-from tests.test_demo_process import FIXED_COST, answers, kill_demo, wait_for
+from tests.conftest import free_port
+from tests.lakekit.demo_process import answers, start_demo
+from tests.test_demo_process import FIXED_COST, kill_demo, wait_for
 
 PREVENTED = (
     "SupersessionWarning",
@@ -36,21 +37,8 @@ SENSORS = """{ workspaceOrError { ... on Workspace { locationEntries { locationO
 
 
 def test_demo_log_has_its_lines_and_none_of_the_prevented_warnings(tmp_path):
-    spark_port, ui_port = free_port(), free_port()
-    config_path = tmp_path / "compaction.yaml"
-    config_path.write_text(
-        (REPO / "compaction.yaml").read_text().replace("sc://127.0.0.1:15002", f"sc://127.0.0.1:{spark_port}")
-    )
-    log = tmp_path / "demo.log"
-    env = {**os.environ, "COMPACTION_CONFIG": str(config_path)}
-    env.pop("DAGSTER_HOME", None)
-    demo = subprocess.Popen(
-        [*CLI, "demo", "--files-per-partition", "6", "--port", str(ui_port)],
-        env=env,
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    ui_port = free_port()
+    demo, log, config_path = start_demo(tmp_path, free_port(), ui_port)
     try:
         base = f"http://127.0.0.1:{ui_port}"
         wait_for(lambda: answers(f"{base}/server_info"), 300, "the UI did not answer", log)

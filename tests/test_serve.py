@@ -19,7 +19,9 @@ from pyiceberg.catalog.sql import SqlCatalog
 
 from compaction_assets.config import load_config
 from compaction_assets.execution import connect_server
+from compaction_assets.process_groups import alive, descendants
 from tests.conftest import CLI, free_port, postgres_schema
+from tests.lakekit.demo_process import answers
 
 STOP_BOUND_S = 10.0
 PASSWORD = "pw-s3cret-value"
@@ -114,35 +116,7 @@ def test_init_on_postgresql_keeps_the_password_out_of_the_file(tmp_path):
 
 def process_tree(root: int) -> set[int]:
     """`root` and its live descendants, by parent pid (/proc), whatever session they lead."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z":
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = set(), [root]
-    while todo:
-        pid = todo.pop()
-        found.add(pid)
-        todo += children.get(pid, [])
-    return {pid for pid in found if alive(pid)}
-
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=3) as response:
-            return response.status == 200
-    except OSError:
-        return False
+    return set(descendants(root))
 
 
 def asset_keys(ui: str) -> list[list[str]]:
