@@ -495,7 +495,7 @@ def soak(minutes: float, seed: int, slots: int, workdir: str | None, update_read
     "--dataset",
     "names",
     multiple=True,
-    type=click.Choice(["small", "tiny", "typed", "wide", "cdc", "s3", "sorted", "zorder"]),
+    type=click.Choice(["small", "tiny", "typed", "wide", "cdc", "mor", "s3", "sorted", "zorder"]),
     help="default: all",
 )
 @click.option("--large-gib", default=2.0, show_default=True, help="size of the one-group memory run (0: skip)")
@@ -543,12 +543,12 @@ def bench(
     iceberg_java: bool,
 ) -> None:
     """Ours vs Iceberg Java vs delta-rs vs pyarrow vs Spark on the same data; memory, fixed cost, planning scale."""
-    from compaction_assets.bench.cdc import CDC
+    from compaction_assets.bench.cdc import CDC, MOR
     from compaction_assets.bench.datasets import SMALL, SORTED, TINY, TYPED, WIDE, ZORDER
     from compaction_assets.bench.run import run_bench
     from compaction_assets.bench.s3_dataset import S3
 
-    sets = [d for d in (SMALL, TINY, TYPED, WIDE, CDC, S3, SORTED, ZORDER) if not names or d.name in names]
+    sets = [d for d in (SMALL, TINY, TYPED, WIDE, CDC, MOR, S3, SORTED, ZORDER) if not names or d.name in names]
     sizes = tuple(n for n in (int(x) for x in defs_tables.split(",")) if n)
     report = run_bench(
         Path(workdir) if workdir else None,

@@ -12,18 +12,41 @@ import pytest
 
 from compaction_assets.bench import footprint, iceberg_java, memory
 from compaction_assets.bench.datasets import Dataset
-from compaction_assets.bench.run import NAMESPACE, TARGET, bench_config, compare, comparison_lines
+from compaction_assets.bench.ours_process import OursProcess
+from compaction_assets.bench.run import NAMESPACE, TARGET, bench_config, compare, compare_dataset, comparison_lines
 from compaction_assets.bench.s3_dataset import compare_s3
 from compaction_assets.config import load_config
 from compaction_assets.engine import Engine
 
 
-def test_compare_runs_every_contender_on_fresh_tables(tmp_path, spark):
-    engine = Engine(load_config(bench_config(tmp_path)), spark=lambda: spark)
-    engine.catalog.create_namespace(NAMESPACE)
+@pytest.fixture(scope="module")
+def bench_root(tmp_path_factory) -> Path:
+    """One scratch lake for the module's comparisons (each uses datasets of its own names)."""
+    root = tmp_path_factory.mktemp("bench")
+    bench_config(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def ours(bench_root):
+    """Our engine's own process on the module's lake, as the bench runs it; stopped at teardown."""
+    process = OursProcess(bench_root / "compaction.yaml")
+    yield process
+    process.close()
+    assert not process.process.is_alive()
+
+
+def bench_engine(root: Path, spark) -> Engine:  # noqa: ANN001 - the session fixture
+    engine = Engine(load_config(root / "compaction.yaml"), spark=lambda: spark)
+    engine.catalog.create_namespace_if_not_exists(NAMESPACE)
+    return engine
+
+
+def test_compare_runs_every_contender_on_fresh_tables(bench_root, spark, ours):
+    engine = bench_engine(bench_root, spark)
     lines: list[str] = []
 
-    report = compare(engine, spark, tmp_path, Dataset("mini", 12, 500), lines.append, repeats=2)
+    report = compare(engine, ours, spark, bench_root, Dataset("mini", 12, 500), lines.append, repeats=2)
 
     by_name = {r.contender: r for r in report.results}
     assert set(by_name) == {"ours", "delta-rs", "pyarrow 1 thread", "spark dataframe"}
@@ -82,14 +105,13 @@ def java(tmp_path_factory):
     session.close()
 
 
-def test_iceberg_java_rewrites_a_copy_of_the_table_with_the_same_rows(tmp_path, spark, java):
-    engine = Engine(load_config(bench_config(tmp_path)), spark=lambda: spark)
-    engine.catalog.create_namespace(NAMESPACE)
+def test_iceberg_java_rewrites_a_copy_of_the_table_with_the_same_rows(bench_root, spark, ours, java):
+    engine = bench_engine(bench_root, spark)
     lines: list[str] = []
 
     reports = [
-        compare(engine, spark, tmp_path, dataset, lines.append, repeats=1, java=java)
-        for dataset in (Dataset("mini", 10, 300, spark_anchor=False), Dataset("minizorder", 10, 300, order="zorder"))
+        compare(engine, ours, spark, bench_root, dataset, lines.append, repeats=1, java=java)
+        for dataset in (Dataset("jmini", 10, 300, spark_anchor=False), Dataset("minizorder", 10, 300, order="zorder"))
     ]
     summary = [line for report in reports for line in comparison_lines(report)]
 
@@ -103,13 +125,29 @@ def test_iceberg_java_rewrites_a_copy_of_the_table_with_the_same_rows(tmp_path, 
     # ours' footprint is the driver, the Spark JVM and its workers: more than the JVM alone
     assert flat["ours"].tree_peak_rss > 200 * 1024 * 1024
     assert flat["iceberg-java"].tree_peak_rss > 200 * 1024 * 1024  # the JVM and its Python driver
-    for name in ("mini", "minizorder"):
+    for name in ("jmini", "minizorder"):
         assert any(re.match(rf"dataset={name} ratio_vs_iceberg_java=\d+\.\d{{3}} ", line) for line in summary)
         for contender in ("ours", "iceberg-java"):
             assert any(
                 re.fullmatch(rf"dataset={name} contender={contender} tree_peak_rss_mib=\d+", line) for line in summary
             )
     assert any(line.startswith("[minizorder] run 1/1: ours") and "iceberg-java" in line for line in lines)
+
+
+def test_iceberg_java_applies_the_position_deletes_of_the_mor_dataset_as_ours_does(bench_root, spark, ours, java):
+    engine = bench_engine(bench_root, spark)
+    lines: list[str] = []
+
+    report = compare_dataset(engine, ours, spark, bench_root, Dataset("mor", 12, 600), lines.append, 1, java, 0)
+
+    by_name = {r.contender: r for r in report.results}
+    assert set(by_name) == {"ours", "pyarrow 1 thread", "iceberg-java"}
+    # 500 of each file's 600 rows deleted by position: 1,200 rows live, in one file, for all three
+    for result in by_name.values():
+        assert result.rows_identical and (result.files_before, result.files_after) == (12, 1), result.contender
+    ours_table = engine.catalog.load_table(f"{NAMESPACE}.mor_0")
+    assert ours_table.scan().to_arrow().num_rows == 12 * 100
+    assert any(line.startswith("[mor] run 1/1: ours") and "iceberg-java" in line for line in lines)
 
 
 def test_background_load_runs_busy_processes_for_the_block_and_kills_them():

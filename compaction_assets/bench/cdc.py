@@ -1,4 +1,4 @@
-"""The bench's "cdc" dataset: a merge-on-read table as a CDC stream leaves it, ours vs one pyarrow thread.
+"""The bench's merge-on-read datasets, "cdc" and "mor": ours vs one pyarrow thread (and Iceberg Java on "mor").
 
 1,000 data files, then about a fifth of their rows deleted: by 300 equality-delete files on `id`
 (1,000,200 keys: the memory bound's key count) and by 200 position-delete files (500 rows of one
@@ -6,7 +6,11 @@ data file each), each kind in a commit of its own after the data, as a stream's 
 would. The limit contender reads every file, drops its position-deleted rows, anti-joins it with
 the equality keys and writes target-size files, on one thread. Iceberg Java, where it takes
 part, runs `rewrite_data_files` with `delete-file-threshold` 1 on a copy of the table with the same
-deletes. All keep the same rows: checked against the rows the dataset generator knows are live.
+deletes, on "mor" only: the same 1,000 files with position deletes alone (400 files of 500
+positions), as an upsert stream writing position deletes leaves them. On cdc's equality deletes it
+did 10 of 53 tasks in 11 minutes (each task joins its files with all 1M keys), which no 60-minute
+bench run can hold. All keep the same rows: checked against the rows the dataset generator knows
+are live.
 """
 
 from __future__ import annotations
@@ -24,14 +28,17 @@ from pyiceberg.typedef import Record
 
 from compaction_assets.bench import contenders, datasets, iceberg_java
 from compaction_assets.bench.datasets import Dataset
+from compaction_assets.bench.ours_process import OursProcess
 from compaction_assets.engine import Engine
 from compaction_assets.lake.delete_files import commit_delete_files, equality_delete_file, position_delete_file
 from compaction_assets.lake.digest import RowsDigest, batches_digest
 from compaction_assets.lake.files import live_files
 
 CDC = Dataset("cdc", 1_000, 5_000)
+MOR = Dataset("mor", 1_000, 5_000)
 EQUALITY_FILES, KEYS_PER_EQUALITY_FILE = 300, 3_334
 POSITION_FILES, POSITIONS_PER_FILE = 200, 500
+MOR_POSITION_FILES = 400
 EQUALITY_KEYS = EQUALITY_FILES * KEYS_PER_EQUALITY_FILE
 
 
@@ -42,12 +49,22 @@ class CdcDeletes:
 
 
 def plan_deletes(dataset: Dataset, seed: int = 3) -> CdcDeletes:
-    """Which rows go: equality keys drawn over every file, positions in POSITION_FILES files."""
+    """Which rows go: for cdc, equality keys drawn over every file and positions in POSITION_FILES
+    files; for mor, positions in MOR_POSITION_FILES files and no equality keys."""
     rng = np.random.default_rng(seed)
-    keys = rng.choice(dataset.rows, size=EQUALITY_KEYS, replace=False).astype(np.int64)
-    victims = rng.choice(dataset.files, size=POSITION_FILES, replace=False)
+    equality = dataset.name != MOR.name
+    keys = (
+        rng.choice(dataset.rows, size=EQUALITY_KEYS, replace=False).astype(np.int64)
+        if equality
+        else np.array([], np.int64)
+    )
+    victims = rng.choice(
+        dataset.files, size=min(dataset.files, POSITION_FILES if equality else MOR_POSITION_FILES), replace=False
+    )
     positions = {
-        f"part-{i:05d}.parquet": np.sort(rng.choice(dataset.rows_per_file, POSITIONS_PER_FILE, replace=False))
+        f"part-{i:05d}.parquet": np.sort(
+            rng.choice(dataset.rows_per_file, min(dataset.rows_per_file, POSITIONS_PER_FILE), replace=False)
+        )
         for i in victims
     }
     return CdcDeletes(keys, positions)
@@ -71,6 +88,8 @@ def _keep(table: pa.Table, sorted_keys: np.ndarray, positions: np.ndarray | list
     keep = np.ones(table.num_rows, dtype=bool)
     if positions is not None:
         keep[positions] = False
+    if not len(sorted_keys):
+        return pa.array(keep)
     ids = table.column("id").to_numpy()
     found = np.searchsorted(sorted_keys, ids).clip(max=len(sorted_keys) - 1)
     keep &= sorted_keys[found] != ids
@@ -80,12 +99,13 @@ def _keep(table: pa.Table, sorted_keys: np.ndarray, positions: np.ndarray | list
 def commit_cdc_deletes(catalog: Catalog, table_name: str, deletes: CdcDeletes) -> None:
     """Write and commit the equality deletes (one commit), then the position deletes (another)."""
     table = catalog.load_table(table_name)
-    chunks = np.array_split(deletes.equality_keys, EQUALITY_FILES)
-    equality = [
-        equality_delete_file(table, table.spec().spec_id, Record(), ["id"], [{"id": int(k)} for k in chunk])
-        for chunk in chunks
-    ]
-    commit_delete_files(table, equality)
+    if len(deletes.equality_keys):
+        chunks = np.array_split(deletes.equality_keys, EQUALITY_FILES)
+        equality = [
+            equality_delete_file(table, table.spec().spec_id, Record(), ["id"], [{"id": int(k)} for k in chunk])
+            for chunk in chunks
+        ]
+        commit_delete_files(table, equality)
     live = {Path(f.path).name: f.data_file for f in live_files(table) if not f.is_delete}
     position = [position_delete_file(table, live[name], pos.tolist()) for name, pos in deletes.positions.items()]
     commit_delete_files(table, position)
@@ -116,6 +136,7 @@ def _anti_join(sources: list[str], keys: np.ndarray, positions: dict[str, list[i
 
 def compare_cdc(
     engine: Engine,
+    ours: OursProcess,
     root: Path,
     log: Callable[[str], None],
     repeats: int,
@@ -131,7 +152,7 @@ def compare_cdc(
     from compaction_assets.bench.run import JAVA_TABLE, java_options
 
     folder = root / "data" / dataset.name
-    log(f"[cdc] writing {dataset.files} files x {dataset.rows_per_file} rows and the delete plan ...")
+    log(f"[{dataset.name}] writing {dataset.files} files x {dataset.rows_per_file} rows and the delete plan ...")
     sources = datasets.write_files(folder / "source", dataset)
     deletes = plan_deletes(dataset)
     expected = live_rows_digest(sources, deletes)
@@ -143,7 +164,7 @@ def compare_cdc(
         datasets.iceberg_table(engine.catalog, name, sources, {})
         commit_cdc_deletes(engine.catalog, name, deletes)
         runs = [
-            partial(_ours, engine, name, expected, bytes_in, dataset.files),
+            partial(_ours, ours, engine.catalog, name, expected, bytes_in, dataset.files),
             partial(pyarrow_anti_join, sources, deletes, folder / f"pyarrow-{k}", target, expected, bytes_in),
         ]
         if java is not None:
@@ -162,13 +183,18 @@ def compare_cdc(
         if java is not None:
             run.dispose()
         loaded = f" (background load {load})" if load else ""
-        log(f"[cdc] run {k + 1}/{repeats}{loaded}: " + ", ".join(f"{c} {r[-1].seconds:.2f}s" for c, r in timed.items()))
+        log(
+            f"[{dataset.name}] run {k + 1}/{repeats}{loaded}: "
+            + ", ".join(f"{c} {r[-1].seconds:.2f}s" for c, r in timed.items())
+        )
     return bytes_in, timed
 
 
-def _ours(engine: Engine, name: str, expected: RowsDigest, bytes_in: int, files: int) -> contenders.Result:
+def _ours(
+    ours: OursProcess, catalog: Catalog, name: str, expected: RowsDigest, bytes_in: int, files: int
+) -> contenders.Result:
     """contenders.ours, and every delete file gone afterwards (the cdc run plans a full rewrite)."""
-    result = contenders.ours(engine, name, expected, bytes_in, files)
-    if remaining := [f for f in live_files(engine.catalog.load_table(name)) if f.is_delete]:
+    result = contenders.ours(ours, catalog, name, expected, bytes_in, files)
+    if remaining := [f for f in live_files(catalog.load_table(name)) if f.is_delete]:
         raise RuntimeError(f"bench: {len(remaining)} delete file(s) of {name} left after a full rewrite")
     return result

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import multiprocessing
-import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -20,12 +19,13 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
+from pyiceberg.catalog import Catalog
 from pyspark.sql import SparkSession
 
 from compaction_assets.bench import footprint
 from compaction_assets.bench.datasets import CODEC
 from compaction_assets.bench.iceberg_java import JavaIceberg, RunCatalog, rewrite_data_files
-from compaction_assets.engine import Engine
+from compaction_assets.bench.ours_process import OursProcess
 from compaction_assets.execution.dispatch import classic_context
 from compaction_assets.execution.worker import peak_rss
 from compaction_assets.lake.catalog import load_table
@@ -56,41 +56,34 @@ class Result:
         return self.bytes_in / 1e6 / self.seconds if self.seconds else 0.0
 
 
-def ours(engine: Engine, table_name: str, expected: RowsDigest, bytes_in: int, files: int) -> Result:
-    """Our engine: plan, one Spark job over the groups, two-phase commit."""
-    warm_workers(engine.spark_session())
-    with our_footprint(engine.spark_session()) as tree:
-        started = time.perf_counter()
-        outcomes = engine.compact(table_name)
-        seconds = time.perf_counter() - started
-    failed = [o for o in outcomes if o.status != "committed"]
-    if failed or not outcomes:
-        raise RuntimeError(f"bench: our compaction of {table_name} did not commit: {failed or 'nothing planned'}")
-    table = load_table(engine.catalog, table_name)
+def ours(
+    process: OursProcess, catalog: Catalog, table_name: str, expected: RowsDigest, bytes_in: int, files: int
+) -> Result:
+    """Our engine in its own process (bench/ours_process.py): plan, one Spark job over the groups,
+    two-phase commit; timed in that process, its whole process tree sampled."""
+    with footprint.TreePeak([process.pid]) as tree:
+        compacted = process.compact(table_name)
+    if compacted.failed() or not compacted.outcomes:
+        raise RuntimeError(
+            f"bench: our compaction of {table_name} did not commit: {compacted.failed() or 'nothing planned'}"
+        )
+    outcomes = compacted.outcomes
+    table = load_table(catalog, table_name)
     after, bytes_after = data_files(table)
-    rss = max(o.peak_worker_rss for o in outcomes)
-    identical = rows_digest(table) == expected
     return Result(
         "ours",
-        seconds,
+        compacted.seconds,
         bytes_in,
         files,
         after,
-        rss,
+        max(o["peak_worker_rss"] for o in outcomes),
         "spark python worker",
-        identical,
-        phases=outcomes[0].phases,
+        rows_digest(table) == expected,
+        phases=outcomes[0]["phases"],
         path=engines(outcomes),
         bytes_after=bytes_after,
         tree_peak_rss=tree.peak,
     )
-
-
-def our_footprint(spark: SparkSession) -> footprint.TreePeak:
-    """Samples our whole footprint: this driver, and the local Spark JVM with its Python workers
-    (children of the JVM). Not the bench's other children (Iceberg Java, background load)."""
-    jvm = [jvm_pid(spark)] if classic_context(spark) is not None else []
-    return footprint.TreePeak(jvm, [os.getpid()])
 
 
 def jvm_pid(spark: SparkSession) -> int:
@@ -157,9 +150,9 @@ def _import_rewrite_modules(tasks: Iterable[int]) -> Iterable[int]:
     return []
 
 
-def engines(outcomes: list) -> str:
-    """The rewrite paths that ran over `outcomes` (PartitionOutcome.engine), joined with '+'."""
-    return "+".join(sorted({e for o in outcomes for e in o.engine.split("+") if e}, reverse=True))
+def engines(outcomes: list[dict]) -> str:
+    """The rewrite paths that ran over `outcomes` (their `engine`), joined with '+'."""
+    return "+".join(sorted({e for o in outcomes for e in o["engine"].split("+") if e}, reverse=True))
 
 
 def deltars(uri: str, target_bytes: int, expected: RowsDigest, bytes_in: int, files: int) -> Result:

@@ -36,6 +36,7 @@ from compaction_assets.bench import (
     s3_dataset,
 )
 from compaction_assets.bench.datasets import Dataset
+from compaction_assets.bench.ours_process import OursProcess
 from compaction_assets.config import load_config
 from compaction_assets.engine import Engine, describe_phases
 from compaction_assets.execution.spark import spark_session
@@ -130,6 +131,7 @@ def bench_config(root: Path) -> Path:
 
 def compare(
     engine: Engine,
+    ours: OursProcess,
     spark,
     root: Path,
     dataset: Dataset,
@@ -140,11 +142,12 @@ def compare(
 ) -> DatasetReport:
     """Generate `dataset` once, then time every contender on it; each must keep the rows.
 
-    Ours, delta-rs, the pyarrow copy and Iceberg Java (if `java` is given) run `repeats` times,
-    interleaved, each time on fresh tables over the same files (hard links), and each is reported
-    by its median run: on a shared machine a single run of either side can be off by a third. The
-    Spark DataFrame rewrite, ten times slower than the rest, runs once, in the quiet pass. A sorted dataset runs ours
-    and Iceberg Java only (the others do not sort). `load`: the background-load processes running
+        Ours (in its own process, `ours`; `engine` is the bench's, on the same catalog), delta-rs, the
+        pyarrow copy and Iceberg Java (if `java` is given) run `repeats` times, interleaved, each time
+        on fresh tables over the same files (hard links), and each is reported by its median run: on a
+        shared machine a single run of either side can be off by a third. The Spark DataFrame rewrite,
+        ten times slower than the rest, runs once, in the quiet pass. A sorted dataset runs ours and
+        Iceberg Java only (the others do not sort). `load`: the background-load processes running
     meanwhile (the caller starts them), reported with the figures."""
     folder = root / "data" / dataset.name
     log(f"[{dataset.name}] writing {dataset.files} files x {dataset.rows_per_file} rows ...")
@@ -157,7 +160,7 @@ def compare(
         run_name = f"{dataset.name}_{k}" + (f"_load{load}" if load else "")  # a new table per pass and run
         table_name = f"{NAMESPACE}.{run_name}"
         datasets.ordered_table(engine.catalog, table_name, sources, dataset, TARGET)
-        runs = [partial(contenders.ours, engine, table_name, expected, bytes_in, dataset.files)]
+        runs = [partial(contenders.ours, ours, engine.catalog, table_name, expected, bytes_in, dataset.files)]
         if dataset.order == "none":
             delta_uri = datasets.delta_table(datasets.linked(sources, folder / f"delta-{k}"))
             runs.append(partial(contenders.deltars, delta_uri, TARGET, expected, bytes_in, dataset.files))
@@ -333,7 +336,9 @@ def run_bench(
         passes = [(0, repeats), (background_load or 2, loaded_repeats or repeats)]
     else:
         passes = [(background_load, repeats)]
-    java = start_java(root, log) if with_java and any(d.name != s3_dataset.S3.name for d in sets) else None
+    local_sets = [d for d in sets if d.name != s3_dataset.S3.name]
+    java = start_java(root, log) if with_java and local_sets else None
+    ours = start_ours(config_path, log) if local_sets else None
     try:
         for dataset in sets:
             for load, n in passes:
@@ -341,12 +346,13 @@ def run_bench(
                     if load:
                         average = footprint.load_average()
                         log(f"[{dataset.name}] {load} background-load processes; load average {average}")
-                    report.datasets.append(compare_dataset(engine, spark, root, dataset, log, n, java, load))
+                    report.datasets.append(compare_dataset(engine, ours, spark, root, dataset, log, n, java, load))
                 log(f"[{dataset.name}] load average {footprint.load_average()}")
                 shutil.rmtree(root / "data" / dataset.name, ignore_errors=True)
-        if java is not None:
-            java.close()
-            java = None
+        for peer in (java, ours):
+            if peer is not None:
+                peer.close()
+        java = ours = None
         if large_gib:
             report.extras["memory"] = memory_group(engine, root, log, large_gib)
             paths = [memory.measure(engine, root, "flat", "polars", large_gib, log)]
@@ -368,8 +374,9 @@ def run_bench(
         if defs_tables:
             report.extras["many_tables"] = many_tables.measure(defs_tables, log=log)
     finally:
-        if java is not None:
-            java.close()
+        for peer in (java, ours):
+            if peer is not None:
+                peer.close()
         shutil.rmtree(root / "data", ignore_errors=True)
     for d in report.datasets:
         spark_df = d.seconds("spark dataframe")
@@ -443,6 +450,7 @@ def comparison_lines(d: DatasetReport) -> list[str]:
 
 def compare_dataset(
     engine: Engine,
+    ours: OursProcess,
     spark,  # noqa: ANN001 - the bench's SparkSession
     root: Path,
     dataset: Dataset,
@@ -451,13 +459,15 @@ def compare_dataset(
     java: iceberg_java.JavaIceberg | None,
     load: int,
 ) -> DatasetReport:
-    """One pass over `dataset` (cdc and s3 have comparisons of their own); its report, logged."""
-    if dataset.name == cdc.CDC.name:
-        bytes_in, timed = cdc.compare_cdc(engine, root, log, repeats, TARGET, java, load)
+    """One pass over `dataset` (cdc, mor and s3 have comparisons of their own); its report, logged."""
+    if dataset.name in (cdc.CDC.name, cdc.MOR.name):
+        # Iceberg Java on mor only: on cdc's 1M equality keys it runs for hours (bench/cdc.py)
+        java = java if dataset.name == cdc.MOR.name else None
+        bytes_in, timed = cdc.compare_cdc(engine, ours, root, log, repeats, TARGET, java, load, dataset)
     elif dataset.name == s3_dataset.S3.name:
         bytes_in, timed = s3_dataset.compare_s3(spark, root, log, repeats, TARGET)
     else:
-        return compare(engine, spark, root, dataset, log, repeats, java, load)
+        return compare(engine, ours, spark, root, dataset, log, repeats, java, load)
     own_report = DatasetReport(dataset.name, dataset.files, dataset.rows, bytes_in, load=load)
     own_report.results.extend(median_results(timed))
     log_results(own_report, log)
@@ -486,8 +496,16 @@ def start_java(root: Path, log: Callable[[str], None]) -> iceberg_java.JavaIcebe
     return java
 
 
-def warm_up(engine: Engine, cores: int) -> None:
-    """Compact a throwaway table of one partition per core once, so every Spark Python worker
-    has started and imported what a rewrite needs, as in a long-lived session."""
-    partitioned_fragments(engine, f"{NAMESPACE}.warmup", cores)
-    engine.compact(f"{NAMESPACE}.warmup")
+def warm_up(engine: Engine, cores: int, name: str = "warmup") -> None:
+    """Compact a throwaway table (`name`) of one partition per core once, so every Spark Python
+    worker has started and imported what a rewrite needs, as in a long-lived session."""
+    partitioned_fragments(engine, f"{NAMESPACE}.{name}", cores)
+    engine.compact(f"{NAMESPACE}.{name}")
+
+
+def start_ours(config_path: Path, log: Callable[[str], None]) -> OursProcess:
+    """Our engine's own process for the bench (bench/ours_process.py), started and warmed up untimed."""
+    started = time.perf_counter()
+    ours = OursProcess(config_path)
+    log(f"ours: own process (pid {ours.pid}) with a warm local Spark session in {time.perf_counter() - started:.1f}s")
+    return ours

@@ -31,6 +31,7 @@ import yaml
 
 from compaction_assets.bench import contenders, datasets
 from compaction_assets.bench.datasets import CODEC, Dataset
+from compaction_assets.bench.ours_process import OursProcess
 from compaction_assets.bench.s3_paths import slow_s3
 from compaction_assets.config import load_config
 from compaction_assets.engine import Engine
@@ -70,8 +71,8 @@ def delta_storage_options(s3: LocalS3) -> dict[str, str]:
     }
 
 
-def s3_engine(root: Path, s3: LocalS3, spark) -> Engine:  # noqa: ANN001 - a SparkSession
-    """An engine on a catalog whose warehouse is in the bucket, running on the bench's session."""
+def s3_config(root: Path, s3: LocalS3) -> Path:
+    """A compaction.yaml whose catalog's warehouse is in the bucket."""
     doc = {
         "catalog": {
             "name": "bench_s3",
@@ -86,7 +87,12 @@ def s3_engine(root: Path, s3: LocalS3, spark) -> Engine:  # noqa: ANN001 - a Spa
     }
     path = root / "compaction-s3.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    engine = Engine(load_config(path), spark=lambda: spark)
+    return path
+
+
+def s3_engine(root: Path, s3: LocalS3, spark) -> Engine:  # noqa: ANN001 - a SparkSession
+    """An engine on `s3_config`, running on the bench's session."""
+    engine = Engine(load_config(s3_config(root, s3)), spark=lambda: spark)
     engine.catalog.create_namespace_if_not_exists("bench")
     return engine
 
@@ -105,7 +111,6 @@ def compare_s3(
     log(f"[s3] writing {dataset.files} files x {dataset.rows_per_file} rows to the local S3 server (moto) ...")
     local = datasets.write_files(folder / "source", dataset)
     expected = batches_digest(ds.dataset(local).to_batches())
-    timed: dict[str, list[contenders.Result]] = {}
     with slow_s3(0.0) as s3:
         fs = filesystem(s3)
         sources = upload(fs, folder / "source", f"{s3.bucket}/{SOURCE_PREFIX}")
@@ -114,23 +119,47 @@ def compare_s3(
         if len(sources) != dataset.files or bytes_in != sum(p.stat().st_size for p in local):
             raise RuntimeError(f"bench: the upload to {s3.endpoint} did not keep the {dataset.files} source files")
         engine = s3_engine(root, s3, spark)
-        for k in range(repeats):
-            table_name = f"bench.s3_{k}"
-            iceberg_table(engine, table_name, pq.read_schema(local[0]), sources)
-            delta_uri = _delta_table(s3, fs, sources, f"delta-{k}")
-            out = f"{s3.bucket}/pyarrow-{k}"
-            for contender in (
-                partial(contenders.ours, engine, table_name, expected, bytes_in, dataset.files),
-                partial(deltars, s3, delta_uri, target, expected, bytes_in, dataset.files),
-                partial(pyarrow_copy, s3, sources, out, target, expected, bytes_in),
-            ):
-                result = contender()
-                if not result.rows_identical:
-                    raise RuntimeError(f"bench: {result.contender} changed the rows of {dataset.name}")
-                timed.setdefault(result.contender, []).append(result)
-            _drop(engine, fs, s3, table_name, [delta_uri.removeprefix("s3://"), out])
-            log(f"[s3] run {k + 1}/{repeats}: " + ", ".join(f"{c} {r[-1].seconds:.2f}s" for c, r in timed.items()))
+        ours = OursProcess(root / "compaction-s3.yaml")
+        try:
+            timed = _runs(engine, ours, fs, s3, sources, local, expected, bytes_in, repeats, target, dataset, log)
+        finally:
+            ours.close()
     return bytes_in, timed
+
+
+def _runs(
+    engine: Engine,
+    ours: OursProcess,
+    fs: pafs.S3FileSystem,
+    s3: LocalS3,
+    sources: list[str],
+    local: list[Path],
+    expected: RowsDigest,
+    bytes_in: int,
+    repeats: int,
+    target: int,
+    dataset: Dataset,
+    log: Callable[[str], None],
+) -> dict[str, list[contenders.Result]]:
+    """`repeats` interleaved runs of every contender on the uploaded files."""
+    timed: dict[str, list[contenders.Result]] = {}
+    for k in range(repeats):
+        table_name = f"bench.s3_{k}"
+        iceberg_table(engine, table_name, pq.read_schema(local[0]), sources)
+        delta_uri = _delta_table(s3, fs, sources, f"delta-{k}")
+        out = f"{s3.bucket}/pyarrow-{k}"
+        for contender in (
+            partial(contenders.ours, ours, engine.catalog, table_name, expected, bytes_in, dataset.files),
+            partial(deltars, s3, delta_uri, target, expected, bytes_in, dataset.files),
+            partial(pyarrow_copy, s3, sources, out, target, expected, bytes_in),
+        ):
+            result = contender()
+            if not result.rows_identical:
+                raise RuntimeError(f"bench: {result.contender} changed the rows of {dataset.name}")
+            timed.setdefault(result.contender, []).append(result)
+        _drop(engine, fs, s3, table_name, [delta_uri.removeprefix("s3://"), out])
+        log(f"[s3] run {k + 1}/{repeats}: " + ", ".join(f"{c} {r[-1].seconds:.2f}s" for c, r in timed.items()))
+    return timed
 
 
 def upload(fs: pafs.S3FileSystem, folder: Path, destination: str) -> list[str]:
