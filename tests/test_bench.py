@@ -128,9 +128,8 @@ def test_iceberg_java_rewrites_a_copy_of_the_table_with_the_same_rows(bench_root
     for name in ("jmini", "minizorder"):
         assert any(re.match(rf"dataset={name} ratio_vs_iceberg_java=\d+\.\d{{3}} ", line) for line in summary)
         for contender in ("ours", "iceberg-java"):
-            assert any(
-                re.fullmatch(rf"dataset={name} contender={contender} tree_peak_rss_mib=\d+", line) for line in summary
-            )
+            footprint_line = rf"dataset={name} contender={contender} tree_peak_rss_mib=\d+ tree_peak_pss_mib=\d+"
+            assert any(re.fullmatch(footprint_line, line) for line in summary)
     assert any(line.startswith("[minizorder] run 1/1: ours") and "iceberg-java" in line for line in lines)
 
 
@@ -170,3 +169,20 @@ def test_tree_peak_counts_a_child_process_memory():
     with footprint.TreePeak([], [os.getpid()]) as alone:  # this process without its children
         subprocess.run([sys.executable, "-c", grow], check=True)
     assert tree.peak >= mine + 300 * 1024 * 1024 > alone.peak
+    # the child's bytearray is its own (not shared): PSS counts it whole too
+    assert tree.peak_pss >= 300 * 1024 * 1024 > alone.peak_pss > 0
+
+
+def test_tree_pss_splits_pages_a_forked_child_shares_and_rss_counts_them_twice():
+    shared = bytearray(400 * 1024 * 1024)  # touched: resident in this process, shared with a fork
+    child = os.fork()
+    if child == 0:
+        time.sleep(1.5)
+        os._exit(0)
+    try:
+        time.sleep(0.3)
+        rss, pss = footprint.tree_rss_pss([os.getpid()])
+    finally:
+        os.waitpid(child, 0)
+    assert rss >= 2 * len(shared)  # counted in both processes
+    assert len(shared) <= pss < rss - len(shared) // 2  # held once

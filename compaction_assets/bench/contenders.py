@@ -50,6 +50,7 @@ class Result:
     bytes_after: int = 0  # the data files' bytes after the run
     # peak resident bytes summed over every process doing the contender's work (0: not measured)
     tree_peak_rss: int = 0
+    tree_peak_pss: int = 0  # the same, PSS summed (shared pages split among their sharers; 0: not measured)
 
     @property
     def mb_per_s(self) -> float:
@@ -83,6 +84,7 @@ def ours(
         path=engines(outcomes),
         bytes_after=bytes_after,
         tree_peak_rss=tree.peak,
+        tree_peak_pss=tree.peak_pss,
     )
 
 
@@ -125,6 +127,7 @@ def iceberg_java(
         identical,
         bytes_after=bytes_after,
         tree_peak_rss=tree.peak,
+        tree_peak_pss=tree.peak_pss,
     )
 
 

@@ -1,9 +1,13 @@
 """Whole-footprint memory and a busy machine, for the bench (issue 36 points 2 and 3).
 
 `TreePeak` samples, in a thread, the resident memory summed over every process doing one
-contender's work (ours: the bench driver, the Spark JVM and its Python workers; Iceberg Java: the
-server's Python driver and its JVM) and keeps the largest sum seen over the run. Processes are
-found by walking the process tree at every sample, through psutil if installed, else /proc.
+contender's work (ours: our engine's process, its Spark JVM and the JVM's Python workers; Iceberg
+Java: the server's Python driver and its JVM) and keeps the largest sum seen over the run, twice:
+RSS summed (`peak`), which counts a page shared by several processes (the same libarrow mapped
+in our driver and both workers, a forked worker's copy-on-write pages) once per process, and PSS
+summed (`peak_pss`, Linux's proportional set size: a shared page split among its sharers), the
+memory the tree holds. Processes are found by walking the process tree at every sample, through
+psutil if installed, else /proc.
 
 `background_load` runs N CPU-bound processes (a busy loop each) while a block runs, so every
 contender is timed on the same busy machine; they are killed by pid when the block ends.
@@ -43,6 +47,15 @@ def _rss(pid: int) -> int:
         return 0
 
 
+def _pss(pid: int) -> int:
+    """A process's proportional set size now (bytes; Linux /proc/PID/smaps_rollup); 0 if unknown."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as rollup:
+            return next(int(line.split()[1]) * 1024 for line in rollup if line.startswith("Pss:"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return 0
+
+
 def tree_pids(trees: Iterable[int], singles: Iterable[int] = ()) -> set[int]:
     """The pids of every process in the trees rooted at `trees`, and `singles` (without their children)."""
     pids = set(singles)
@@ -66,19 +79,30 @@ def tree_rss(trees: Iterable[int], singles: Iterable[int] = ()) -> int:
     return sum(_rss(pid) for pid in tree_pids(trees, singles))
 
 
+def tree_rss_pss(trees: Iterable[int], singles: Iterable[int] = ()) -> tuple[int, int]:
+    """RSS and PSS, each summed over `tree_pids(trees, singles)` now (bytes)."""
+    pids = tree_pids(trees, singles)
+    return sum(_rss(pid) for pid in pids), sum(_pss(pid) for pid in pids)
+
+
 class TreePeak:
-    """The largest `tree_rss(trees, singles)` sampled every INTERVAL_S while the block runs
-    (`peak`, bytes). Short-lived peaks between two samples are missed: a lower bound."""
+    """The largest `tree_rss_pss(trees, singles)` sampled every INTERVAL_S while the block runs
+    (`peak`: RSS summed, `peak_pss`: PSS summed; bytes). Short-lived peaks between two samples
+    are missed: lower bounds."""
 
     def __init__(self, trees: Iterable[int], singles: Iterable[int] = ()) -> None:
         self.trees, self.singles = list(trees), list(singles)
-        self.peak = 0
+        self.peak = self.peak_pss = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, name="tree-peak-rss", daemon=True)
 
+    def _take(self) -> None:
+        rss, pss = tree_rss_pss(self.trees, self.singles)
+        self.peak, self.peak_pss = max(self.peak, rss), max(self.peak_pss, pss)
+
     def _sample(self) -> None:
         while True:
-            self.peak = max(self.peak, tree_rss(self.trees, self.singles))
+            self._take()
             if self._stop.wait(INTERVAL_S):
                 break
 
@@ -89,7 +113,7 @@ class TreePeak:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        self.peak = max(self.peak, tree_rss(self.trees, self.singles))
+        self._take()
 
 
 BUSY_LOOP = "import signal, sys\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\nwhile True:\n    pass\n"

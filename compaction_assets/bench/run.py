@@ -444,6 +444,7 @@ def comparison_lines(d: DatasetReport) -> list[str]:
             lines.append(
                 f"{d.key} contender={result.contender.replace(' ', '-')} "
                 f"tree_peak_rss_mib={result.tree_peak_rss / MiB:.0f}"
+                + (f" tree_peak_pss_mib={result.tree_peak_pss / MiB:.0f}" if result.tree_peak_pss else "")
             )
     return lines
 
