@@ -170,7 +170,7 @@ def test_tree_peak_counts_a_child_process_memory():
         subprocess.run([sys.executable, "-c", grow], check=True)
     assert tree.peak >= mine + 300 * 1024 * 1024 > alone.peak
     # the child's bytearray is its own (not shared): PSS counts it whole too
-    assert tree.peak_pss >= 300 * 1024 * 1024 > alone.peak_pss > 0
+    assert tree.peak_pss >= alone.peak_pss + 250 * 1024 * 1024 and alone.peak_pss > 0
 
 
 def test_tree_pss_splits_pages_a_forked_child_shares_and_rss_counts_them_twice():

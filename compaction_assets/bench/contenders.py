@@ -210,8 +210,17 @@ def spark_dataframe(
     seconds = time.perf_counter() - started
     written = sorted(out.glob("*.parquet"))
     identical = batches_digest(ds.dataset(written).to_batches()) == expected
+    size = sum(p.stat().st_size for p in written)
     return Result(
-        "spark dataframe", seconds, bytes_in, len(sources), len(written), jvm_peak_rss(spark), "JVM", identical
+        "spark dataframe",
+        seconds,
+        bytes_in,
+        len(sources),
+        len(written),
+        jvm_peak_rss(spark),
+        "JVM",
+        identical,
+        bytes_after=size,
     )
 
 

@@ -213,7 +213,10 @@ def log_results(report: DatasetReport, log: Callable[[str], None]) -> None:
             + (f"  median of {len(result.runs)}" if len(result.runs) > 1 else "")
         )
         if result.phases:
-            log(f"[{report.dataset}] {result.contender:<16} median split: {describe_phases(result.phases)}")
+            log(
+                f"[{report.dataset}{_loaded(report.load)}] {result.contender:<16} median split: "
+                f"{describe_phases(result.phases)}"
+            )
 
 
 def median_results(timed: dict[str, list[contenders.Result]]) -> list[contenders.Result]:
