@@ -186,3 +186,27 @@ def test_tree_pss_splits_pages_a_forked_child_shares_and_rss_counts_them_twice()
         os.waitpid(child, 0)
     assert rss >= 2 * len(shared)  # counted in both processes
     assert len(shared) <= pss < rss - len(shared) // 2  # held once
+
+
+def test_a_datasets_files_and_digest_are_written_once_for_both_passes(tmp_path):
+    """The loaded pass reuses the quiet pass's source files and digest; a different dataset in the
+    same folder writes its own; clearing a pass's runs keeps them."""
+    from compaction_assets.bench import datasets
+    from compaction_assets.bench.run import clear_runs
+
+    folder = tmp_path / "data" / "d"
+    first = Dataset("d", 3, 50)
+    paths = datasets.write_files(folder / "source", first)
+    stamps = [p.stat().st_mtime_ns for p in paths]
+    digest = datasets.sources_digest(paths)
+    (folder / "delta-0").mkdir()
+    (folder / "pyarrow-0.log").write_text("a run's leftovers")
+    clear_runs(folder)
+    assert sorted(p.name for p in folder.iterdir()) == ["source", "source.digest-rows", "source.written"]
+    again = datasets.write_files(folder / "source", first)
+    assert again == paths and [p.stat().st_mtime_ns for p in again] == stamps
+    assert datasets.sources_digest(again) == digest
+    assert sorted(p.name for p in (folder / "source").iterdir()) == [p.name for p in paths]  # nothing else in it
+    other = datasets.write_files(folder / "source", Dataset("d", 3, 60))
+    assert [p.stat().st_mtime_ns for p in other] != stamps
+    assert datasets.sources_digest(other).rows == 180

@@ -31,7 +31,7 @@ from compaction_assets.bench.datasets import Dataset
 from compaction_assets.bench.ours_process import OursProcess
 from compaction_assets.engine import Engine
 from compaction_assets.lake.delete_files import commit_delete_files, equality_delete_file, position_delete_file
-from compaction_assets.lake.digest import RowsDigest, batches_digest
+from compaction_assets.lake.digest import RowsDigest
 from compaction_assets.lake.files import live_files
 
 CDC = Dataset("cdc", 1_000, 5_000)
@@ -70,12 +70,8 @@ def plan_deletes(dataset: Dataset, seed: int = 3) -> CdcDeletes:
     return CdcDeletes(keys, positions)
 
 
-def live_rows_digest(sources: list[Path], deletes: CdcDeletes) -> RowsDigest:
-    """The digest of the rows that must survive, computed from the generator's own knowledge."""
-    return batches_digest(_live_batches(sources, deletes))
-
-
 def _live_batches(sources: list[Path], deletes: CdcDeletes) -> Iterator[pa.RecordBatch]:
+    """The rows that must survive, from the generator's own knowledge of what it deleted."""
     keys = np.sort(deletes.equality_keys)
     for source in sources:
         table = pq.read_table(source)
@@ -155,7 +151,7 @@ def compare_cdc(
     log(f"[{dataset.name}] writing {dataset.files} files x {dataset.rows_per_file} rows and the delete plan ...")
     sources = datasets.write_files(folder / "source", dataset)
     deletes = plan_deletes(dataset)
-    expected = live_rows_digest(sources, deletes)
+    expected = datasets.sources_digest(sources, dataset.name, partial(_live_batches, sources, deletes))
     bytes_in = sum(p.stat().st_size for p in sources)
     timed: dict[str, list[contenders.Result]] = {}
     for k in range(repeats):

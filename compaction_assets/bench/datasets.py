@@ -19,17 +19,21 @@ Iceberg table's data folder, so every contender reads the very same bytes.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 from pyiceberg.table.sorting import SortDirection
 from pyiceberg.transforms import IdentityTransform
+
+from compaction_assets.lake.digest import RowsDigest, batches_digest
 
 CITIES = np.array(["amsterdam", "berlin", "lisbon", "madrid", "oslo", "paris", "rome", "vienna", "warsaw", "zurich"])
 CODEC = "snappy"
@@ -173,17 +177,40 @@ ROWS = {"flat": rows, "typed": typed_rows, "wide": wide_rows}
 
 
 def write_files(folder: Path, dataset: Dataset, seed: int = 1) -> list[Path]:
-    """The dataset as `files` Parquet files of `rows_per_file` rows each."""
+    """The dataset as `files` Parquet files of `rows_per_file` rows each. The files a previous call
+    wrote to `folder` for the same dataset and seed are reused (the quiet and the loaded pass share
+    them: generating wide or typed data takes longer than compacting it). What says so lies beside
+    `folder` (`<folder>.written`), not in it: the folder holds the dataset's files only."""
     folder.mkdir(parents=True, exist_ok=True)
+    paths = [folder / f"part-{i:05d}.parquet" for i in range(dataset.files)]
+    written = folder.with_name(f"{folder.name}.written")
+    identity = f"{dataset!r} seed={seed}"
+    if written.exists() and written.read_text() == identity:
+        return paths
+    for stale in folder.parent.glob(f"{folder.name}.*"):  # the marker, and digests of the old files
+        stale.unlink()
     make = ROWS[dataset.kind]
-    paths = []
-    for i in range(dataset.files):
-        path = folder / f"part-{i:05d}.parquet"
+    for i, path in enumerate(paths):
         pq.write_table(
             make(i * dataset.rows_per_file, dataset.rows_per_file, seed * 1_000_003 + i), path, compression=CODEC
         )
-        paths.append(path)
+    written.write_text(identity)
     return paths
+
+
+def sources_digest(
+    sources: list[Path], name: str = "rows", rows: Callable[[], Iterable[pa.RecordBatch]] | None = None
+) -> RowsDigest:
+    """The digest of `rows` (default: every row of `sources`), kept beside the files written by
+    `write_files` under `name`, so a second pass over the same files does not read them again."""
+    folder = sources[0].parent
+    cache = folder.with_name(f"{folder.name}.digest-{name}")
+    if cache.exists():
+        count, sha256 = cache.read_text().split()
+        return RowsDigest(int(count), sha256)
+    digest = batches_digest(rows() if rows is not None else ds.dataset(sources).to_batches())
+    cache.write_text(f"{digest.rows} {digest.sha256}")
+    return digest
 
 
 def iceberg_table(catalog: Catalog, name: str, sources: list[Path], properties: dict[str, str]) -> Table:

@@ -17,7 +17,6 @@ from functools import partial
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.dataset as ds
 import yaml
 from pyiceberg.table import Table
 
@@ -40,7 +39,7 @@ from compaction_assets.bench.ours_process import OursProcess
 from compaction_assets.config import load_config
 from compaction_assets.engine import Engine, describe_phases
 from compaction_assets.execution.spark import spark_session
-from compaction_assets.lake.digest import batches_digest, rows_digest
+from compaction_assets.lake.digest import rows_digest
 
 MiB = 1024 * 1024
 TARGET = 128 * MiB
@@ -153,7 +152,7 @@ def compare(
     log(f"[{dataset.name}] writing {dataset.files} files x {dataset.rows_per_file} rows ...")
     sources = datasets.write_files(folder / "source", dataset)
     bytes_in = sum(p.stat().st_size for p in sources)
-    expected = batches_digest(ds.dataset(sources).to_batches())
+    expected = datasets.sources_digest(sources)
     report = DatasetReport(dataset.name, dataset.files, dataset.rows, bytes_in, load=load)
     timed: dict[str, list[contenders.Result]] = {}
     for k in range(repeats):
@@ -351,7 +350,8 @@ def run_bench(
                         log(f"[{dataset.name}] {load} background-load processes; load average {average}")
                     report.datasets.append(compare_dataset(engine, ours, spark, root, dataset, log, n, java, load))
                 log(f"[{dataset.name}] load average {footprint.load_average()}")
-                shutil.rmtree(root / "data" / dataset.name, ignore_errors=True)
+                clear_runs(root / "data" / dataset.name)  # the next pass reuses the source files
+            shutil.rmtree(root / "data" / dataset.name, ignore_errors=True)
         for peer in (java, ours):
             if peer is not None:
                 peer.close()
@@ -428,6 +428,18 @@ def run_bench(
             log(line)
     log(f"load average {footprint.load_average()} (1, 5, 15 min)")
     return report
+
+
+def clear_runs(folder: Path) -> None:
+    """Everything a pass over a dataset left in `folder` except its source files (and what
+    datasets.write_files keeps beside them)."""
+    for path in folder.iterdir() if folder.exists() else ():
+        if path.name == "source" or path.name.startswith("source."):
+            continue
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink()
 
 
 def comparison_lines(d: DatasetReport) -> list[str]:

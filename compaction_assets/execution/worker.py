@@ -46,6 +46,7 @@ from compaction_assets.execution.external_sort import ExternalSort, SortSpec
 from compaction_assets.execution.lineage import with_lineage_fields
 from compaction_assets.execution.partitioning import partition_folder, split_by_partition
 from compaction_assets.execution.source_reader import SourceReader
+from compaction_assets.execution.write_behind import WriteBehind
 from compaction_assets.faults import crash_point
 from compaction_assets.lake.datafile_codec import datafile_from_json, datafile_to_json, decode_partition
 from compaction_assets.lake.partition_key import PartitionId, partition_id
@@ -296,11 +297,17 @@ def rewrite_group(job: RewriteJob, index: int) -> GroupOutcome:
         batches = reader.batches()
         if expiry is not None:
             batches = expiry.filter(batches)
-        with contextlib.closing(sorter.sorted(batches) if sorter else batches) as batches:
+        with (
+            contextlib.closing(sorter.sorted(batches) if sorter else batches) as batches,
+            WriteBehind(writer.write) if sorter else contextlib.nullcontext() as behind,
+        ):
+            write = behind.put if behind else writer.write
             for batch in batches:
-                writer.write(batch)
+                write(batch)
                 if reader.rows_read >= spec.sources[0].records:  # decoded, so deletes cannot skip it
                     crash_point("worker_mid_group")
+            if behind:
+                behind.close()
         written = writer.close()
         expired = expiry.rows_expired if expiry else 0
         return GroupOutcome(
