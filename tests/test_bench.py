@@ -137,7 +137,9 @@ def test_iceberg_java_applies_the_position_deletes_of_the_mor_dataset_as_ours_do
     engine = bench_engine(bench_root, spark)
     lines: list[str] = []
 
-    report = compare_dataset(engine, ours, spark, bench_root, Dataset("mor", 12, 600), lines.append, 1, java, 0)
+    report = compare_dataset(
+        engine, ours, spark, bench_root, Dataset("mor", 12, 600, deletes="position"), lines.append, 1, java, 0
+    )
 
     by_name = {r.contender: r for r in report.results}
     assert set(by_name) == {"ours", "pyarrow 1 thread", "iceberg-java"}
@@ -163,7 +165,7 @@ def test_tree_peak_counts_a_child_process_memory():
     import sys
 
     grow = "x = bytearray(300 * 1024 * 1024); import time; time.sleep(1.5)"
-    mine = footprint.tree_rss([], [os.getpid()])
+    mine, _ = footprint.tree_rss_pss([], [os.getpid()])
     with footprint.TreePeak([os.getpid()]) as tree:
         subprocess.run([sys.executable, "-c", grow], check=True)
     with footprint.TreePeak([], [os.getpid()]) as alone:  # this process without its children

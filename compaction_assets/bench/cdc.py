@@ -34,8 +34,8 @@ from compaction_assets.lake.delete_files import commit_delete_files, equality_de
 from compaction_assets.lake.digest import RowsDigest
 from compaction_assets.lake.files import live_files
 
-CDC = Dataset("cdc", 1_000, 5_000)
-MOR = Dataset("mor", 1_000, 5_000)
+CDC = Dataset("cdc", 1_000, 5_000, deletes="equality+position")
+MOR = Dataset("mor", 1_000, 5_000, deletes="position")
 EQUALITY_FILES, KEYS_PER_EQUALITY_FILE = 300, 3_334
 POSITION_FILES, POSITIONS_PER_FILE = 200, 500
 MOR_POSITION_FILES = 400
@@ -49,10 +49,11 @@ class CdcDeletes:
 
 
 def plan_deletes(dataset: Dataset, seed: int = 3) -> CdcDeletes:
-    """Which rows go: for cdc, equality keys drawn over every file and positions in POSITION_FILES
-    files; for mor, positions in MOR_POSITION_FILES files and no equality keys."""
+    """Which rows go: with equality deletes (cdc), equality keys drawn over every file and
+    positions in POSITION_FILES files; with position deletes only (mor), positions in
+    MOR_POSITION_FILES files."""
     rng = np.random.default_rng(seed)
-    equality = dataset.name != MOR.name
+    equality = "equality" in dataset.deletes.split("+")
     keys = (
         rng.choice(dataset.rows, size=EQUALITY_KEYS, replace=False).astype(np.int64)
         if equality

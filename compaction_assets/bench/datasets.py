@@ -49,6 +49,8 @@ class Dataset:
     # 1-2 minutes (typed) and over 10 (wide) on the shared 2-core machine
     spark_anchor: bool = True
     order: str = "none"  # none | sort | zorder: the table's clustering (see the module docstring)
+    # none | equality+position | position: the merge-on-read deletes bench/cdc.py commits after the data
+    deletes: str = "none"
 
     @property
     def rows(self) -> int:

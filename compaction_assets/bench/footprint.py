@@ -74,11 +74,6 @@ def tree_pids(trees: Iterable[int], singles: Iterable[int] = ()) -> set[int]:
     return pids
 
 
-def tree_rss(trees: Iterable[int], singles: Iterable[int] = ()) -> int:
-    """Resident bytes summed over `tree_pids(trees, singles)` now."""
-    return sum(_rss(pid) for pid in tree_pids(trees, singles))
-
-
 def tree_rss_pss(trees: Iterable[int], singles: Iterable[int] = ()) -> tuple[int, int]:
     """RSS and PSS, each summed over `tree_pids(trees, singles)` now (bytes)."""
     pids = tree_pids(trees, singles)

@@ -476,9 +476,9 @@ def compare_dataset(
     load: int,
 ) -> DatasetReport:
     """One pass over `dataset` (cdc, mor and s3 have comparisons of their own); its report, logged."""
-    if dataset.name in (cdc.CDC.name, cdc.MOR.name):
-        # Iceberg Java on mor only: on cdc's 1M equality keys it runs for hours (bench/cdc.py)
-        java = java if dataset.name == cdc.MOR.name else None
+    if dataset.deletes != "none":
+        # Iceberg Java on position deletes only: on cdc's 1M equality keys it runs for hours (bench/cdc.py)
+        java = java if dataset.deletes == "position" else None
         bytes_in, timed = cdc.compare_cdc(engine, ours, root, log, repeats, TARGET, java, load, dataset)
     elif dataset.name == s3_dataset.S3.name:
         bytes_in, timed = s3_dataset.compare_s3(spark, root, log, repeats, TARGET)
