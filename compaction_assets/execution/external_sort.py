@@ -122,7 +122,7 @@ class ExternalSort:
 
     def sorted(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """The rows of `batches` in order (a generator: close it to stop early)."""
-        source = iter(batches)
+        source = _one_schema(batches)
         held: list[pa.RecordBatch] = []
         size = 0
         for batch in source:
@@ -307,6 +307,18 @@ def _adding_z(zrange: ZRange) -> Callable[[pa.RecordBatch], pa.RecordBatch]:
         return batch.append_column(Z_COLUMN, pa.array(zrange.z_values(batch), pa.uint64()))
 
     return add
+
+
+def _one_schema(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """`batches` in the first one's Arrow schema: files written before and after a schema change
+    project to different Arrow types (string vs large_string), and a table or an IPC run holds one."""
+    schema = None
+    for batch in batches:
+        if schema is None:
+            schema = batch.schema
+        elif batch.schema != schema:
+            batch = batch.cast(schema)
+        yield batch
 
 
 def _chain(first: list[pa.RecordBatch], rest: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
