@@ -18,7 +18,7 @@ from pyiceberg.table.sorting import NullOrder, SortDirection, SortField, SortOrd
 from pyiceberg.transforms import IdentityTransform
 
 from compaction_assets import faults
-from compaction_assets.execution import external_sort, worker
+from compaction_assets.execution import external_sort
 from compaction_assets.execution.worker import RollingWriter, rewrite_group
 from tests.lakekit.oracle import row_key
 from tests.test_clustering import make_table, shuffled
@@ -70,7 +70,7 @@ def test_sorted_group_keeps_rows_order_and_stats(lake, tmp_path, monkeypatch, zo
     tables = [pq.read_table(urlparse(f.file_path).path) for f in outcome.data_files]
     got = Counter(row_key(r) for t in tables for r in t.to_pylist())
     assert got == expected
-    for f, t in zip(outcome.data_files, tables):
+    for f, t in zip(outcome.data_files, tables, strict=True):
         assert f.record_count == t.num_rows
         assert f.file_size_in_bytes == Path(urlparse(f.file_path).path).stat().st_size
     if not zorder:
@@ -158,7 +158,9 @@ def test_sorted_group_of_files_of_two_schemas(lake, tmp_path, monkeypatch):
     )
     table = lake.catalog.create_table("ns.grown", schema=schema)
     old = [
-        pa.table({"id": pa.array([i, i + 100], pa.int64()), "name": [f"n{i}", None], "n": pa.array([i, -i], pa.int32())})
+        pa.table(
+            {"id": pa.array([i, i + 100], pa.int64()), "name": [f"n{i}", None], "n": pa.array([i, -i], pa.int32())}
+        )
         for i in range(6)
     ]
     append_fragments(table, old)
@@ -168,7 +170,12 @@ def test_sorted_group_of_files_of_two_schemas(lake, tmp_path, monkeypatch):
     table = lake.table("ns.grown")
     new = [
         pa.table(
-            {"id": pa.array([i], pa.int64()), "name": [f"n{i}"], "n": pa.array([i * 7], pa.int64()), "email": [f"{i}@x"]}
+            {
+                "id": pa.array([i], pa.int64()),
+                "name": [f"n{i}"],
+                "n": pa.array([i * 7], pa.int64()),
+                "email": [f"{i}@x"],
+            }
         )
         for i in range(6, 12)
     ]
