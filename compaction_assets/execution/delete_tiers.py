@@ -49,7 +49,7 @@ from compaction_assets.errors import InputFileError, worker_error
 from compaction_assets.execution import durable
 from compaction_assets.execution.dispatch import collect_rows
 from compaction_assets.execution.source_reader import projected_batches
-from compaction_assets.execution.worker import _reset_peak_rss, peak_rss, use_system_allocator
+from compaction_assets.execution.worker import _reset_peak_rss, peak_rss
 from compaction_assets.lake.datafile_codec import (
     datafile_from_json,
     datafile_to_json,
@@ -466,7 +466,6 @@ TIER_RESULT_ARROW_SCHEMA = pa.schema(
 def run_tier_rows(run_json: str, indices: Iterable[int]) -> Iterator[dict]:
     """The Spark task function (execution/dispatch): one result row (TIER_RESULT_ARROW_SCHEMA) per job index."""
     run = TierRun.from_json(run_json)
-    use_system_allocator()
     with durable.TaskOutputs(run.io_properties) as outputs:  # the driver commits only once they are on disk
         for index in indices:
             outcome = run_tier_job(run, index)

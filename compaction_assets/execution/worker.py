@@ -175,7 +175,6 @@ def rewrite_tasks(job_json: str, tasks: Iterable[int]) -> Iterator[dict]:
     """The Spark task function (execution/dispatch): the groups of each task index are rewritten one
     after the other, one result row (RESULT_ARROW_SCHEMA) per group."""
     job = RewriteJob.from_json(job_json)
-    use_system_allocator()
     with durable.TaskOutputs(job.io_properties) as outputs:  # the driver commits only once they are on disk
         for index in (g for task in tasks for g in job.tasks[task]):
             started = time.perf_counter()
@@ -211,16 +210,6 @@ RESULT_ARROW_SCHEMA = pa.schema(
         ("spill_files", pa.int32()),
     ]
 )
-
-
-def use_system_allocator() -> None:
-    """Arrow's buffers in this worker from the C library's allocator instead of pyarrow's default
-    (mimalloc). A merge-on-read group's scan allocates on the scanner's threads and frees on this
-    one; mimalloc kept those pages: the bench's cdc groups (2.5M rows, 1M equality keys) peaked at
-    429-489 MiB with mimalloc and 359-381 MiB with the system allocator, in equal or less time
-    (2 alternating runs each, one process, load 1-1.5); sorted and large-file groups: equal."""
-    if pa.default_memory_pool().backend_name != "system":
-        pa.set_memory_pool(pa.system_memory_pool())
 
 
 def outcome_from_row(row: dict) -> GroupOutcome:
