@@ -29,7 +29,12 @@ import pyspark
 
 from compaction_assets.config import SparkConfig
 from compaction_assets.errors import CompactionError
-from compaction_assets.execution.spark import LOCAL_DEFAULTS, SESSION_ID_FILE, ensure_worker_python
+from compaction_assets.execution.spark import (
+    LOCAL_DEFAULTS,
+    SESSION_ID_FILE,
+    ensure_worker_python,
+    worker_threads,
+)
 from compaction_assets.redact import redact
 
 SBIN = Path(pyspark.__file__).parent / "sbin"
@@ -154,6 +159,7 @@ def _start(cfg: SparkConfig, wait_seconds: float) -> ServerStatus:
     host, port = host_port(cfg)
     conf = {
         **LOCAL_DEFAULTS,
+        **worker_threads(cfg.master),
         "spark.connect.session.manager.defaultSessionTimeout": SESSION_IDLE_TIMEOUT,
         **cfg.conf,
         "spark.connect.grpc.binding.address": host,

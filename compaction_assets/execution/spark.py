@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -38,7 +39,32 @@ SESSION_ID_FILE = "session-id"  # in spark.server_dir: the server's shared sessi
 def spark_conf(cfg: SparkConfig) -> dict[str, str]:
     if cfg.mode == "connect":
         return {"spark.remote": shared_remote(cfg), **cfg.conf}
-    return {"spark.master": cfg.master, "spark.app.name": "compaction-assets", **LOCAL_DEFAULTS, **cfg.conf}
+    defaults = {**LOCAL_DEFAULTS, **worker_threads(cfg.master)}
+    return {"spark.master": cfg.master, "spark.app.name": "compaction-assets", **defaults, **cfg.conf}
+
+
+OMP_THREADS_CONF = "spark.executorEnv.OMP_NUM_THREADS"
+
+
+def worker_threads(master: str) -> dict[str, str]:
+    """On a `local[N]` master, Python workers get OMP_NUM_THREADS=N, as a cluster's get their
+    executor's cores.
+
+    Spark sets OMP_NUM_THREADS in every Python worker's environment, to the executor's cores, or to
+    1 in local mode, where no executor has cores of its own; Arrow sizes its CPU pool (Parquet
+    decoding, scans) by it. A sorted group is one task: with one Arrow thread it decoded and
+    sorted on one of two cores (the bench's z-order group 7.3 s, with two 6.7 s). Two tasks at once
+    then run up to 2N Arrow threads on N cores, as Polars' own pool (N per worker) already does.
+    """
+    if master.strip() == "local":
+        return {OMP_THREADS_CONF: "1"}
+    if (local := LOCAL_MASTER.fullmatch(master.strip())) is None:
+        return {}  # a cluster, local-cluster[...] included: Spark sets each executor's cores
+    cores = local.group(1)
+    return {OMP_THREADS_CONF: str(os.cpu_count() or 1) if cores == "*" else cores}
+
+
+LOCAL_MASTER = re.compile(r"local\[\s*(\*|\d+)\s*(?:,\s*\d+\s*)?\]")  # local[N], local[*], local[N,retries]
 
 
 def shared_remote(cfg: SparkConfig) -> str:
