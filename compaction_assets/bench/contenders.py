@@ -26,7 +26,6 @@ from compaction_assets.bench import footprint
 from compaction_assets.bench.datasets import CODEC
 from compaction_assets.bench.iceberg_java import JavaIceberg, RunCatalog, rewrite_data_files
 from compaction_assets.bench.ours_process import OursProcess
-from compaction_assets.execution.dispatch import classic_context
 from compaction_assets.execution.worker import peak_rss
 from compaction_assets.lake.catalog import load_table
 from compaction_assets.lake.digest import RowsDigest, batches_digest, rows_digest
@@ -129,28 +128,6 @@ def iceberg_java(
         tree_peak_rss=tree.peak,
         tree_peak_pss=tree.peak_pss,
     )
-
-
-def warm_workers(spark: SparkSession) -> None:
-    """Start the session's Python workers again if Spark stopped them, untimed, so that ours is timed on
-    a warm session as a busy long-lived one has. Spark stops every idle Python worker once no worker
-    was taken or handed back for a minute (PythonWorkerFactory's IDLE_WORKER_TIMEOUT_NS, not a
-    setting), and the peers' runs between two of ours can take longer than that: a new worker
-    imports pyarrow, pyiceberg and Polars again (2.3 s of ours' 5 s on "small" in a 2-core run).
-    One task per core, each holding its worker a moment so that no two share one."""
-    if (context := classic_context(spark)) is not None:
-        cores = context.defaultParallelism
-        context.parallelize(list(range(cores)), cores).mapPartitions(_import_rewrite_modules).collect()
-
-
-def _import_rewrite_modules(tasks: Iterable[int]) -> Iterable[int]:
-    import polars  # noqa: F401
-
-    import compaction_assets.execution.worker  # noqa: F401
-
-    list(tasks)  # Spark hands a worker back for reuse only if its task read all of its input
-    time.sleep(0.3)
-    return []
 
 
 def engines(outcomes: list[dict]) -> str:

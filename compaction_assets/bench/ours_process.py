@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
-import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -35,10 +35,13 @@ class Compacted:
 class OursProcess:
     """A child process holding our Engine and a warm local Spark session (see the module docstring)."""
 
-    def __init__(self, config_path: Path) -> None:
+    def __init__(self, config_path: Path, warmup_table: str | None = None) -> None:
+        """`warmup_table`: a table the child compacts once, untimed, after its session starts (the
+        caller creates it: data generation stays out of the child's imports and footprint)."""
         context = multiprocessing.get_context("spawn")
         self._conn, child = context.Pipe()
-        self.process = context.Process(target=_serve, args=(str(config_path), child), name="bench-ours", daemon=True)
+        args = (str(config_path), warmup_table, child)
+        self.process = context.Process(target=_serve, args=args, name="bench-ours", daemon=True)
         self.process.start()
         child.close()
         if not self._conn.poll(START_TIMEOUT_S):
@@ -77,9 +80,9 @@ class OursProcess:
         self._conn.close()
 
 
-def _serve(config_path: str, conn: Connection) -> None:
-    from compaction_assets.bench.contenders import warm_workers
-    from compaction_assets.bench.run import NAMESPACE, warm_up
+def _serve(config_path: str, warmup_table: str | None, conn: Connection) -> None:
+    # only what a run host imports: the bench's modules (data generation, digests, delta-rs) would
+    # count in ours' footprint
     from compaction_assets.config import load_config
     from compaction_assets.engine import Engine
     from compaction_assets.execution.spark import spark_session
@@ -89,8 +92,8 @@ def _serve(config_path: str, conn: Connection) -> None:
         spark = spark_session(config.spark)
         spark.sparkContext.setLogLevel("ERROR")
         engine = Engine(config, spark=lambda: spark)
-        engine.catalog.create_namespace_if_not_exists(NAMESPACE)
-        warm_up(engine, os.cpu_count() or 1, f"warmup_ours_{os.getpid()}")
+        if warmup_table is not None:
+            engine.compact(warmup_table)
     except Exception as exc:  # noqa: BLE001 - reported to the bench, which raises it
         conn.send({"error": f"{type(exc).__name__}: {exc}"})
         return
@@ -105,6 +108,30 @@ def _serve(config_path: str, conn: Connection) -> None:
         except Exception as exc:  # noqa: BLE001 - reported to the bench, which raises it
             conn.send({"error": f"{type(exc).__name__}: {exc}"})
     spark.stop()
+
+
+def warm_workers(spark) -> None:  # noqa: ANN001 - a local SparkSession
+    """Start the session's Python workers again if Spark stopped them, untimed, so that ours is timed on
+    a warm session as a busy long-lived one has. Spark stops every idle Python worker once no worker
+    was taken or handed back for a minute (PythonWorkerFactory's IDLE_WORKER_TIMEOUT_NS, not a
+    setting), and the peers' runs between two of ours can take longer than that: a new worker
+    imports pyarrow, pyiceberg and Polars again (2.3 s of ours' 5 s on "small" in a 2-core run).
+    One task per core, each holding its worker a moment so that no two share one."""
+    from compaction_assets.execution.dispatch import classic_context
+
+    if (context := classic_context(spark)) is not None:
+        cores = context.defaultParallelism
+        context.parallelize(list(range(cores)), cores).mapPartitions(_import_rewrite_modules).collect()
+
+
+def _import_rewrite_modules(tasks: Iterable[int]) -> Iterable[int]:
+    import polars  # noqa: F401
+
+    import compaction_assets.execution.worker  # noqa: F401
+
+    list(tasks)  # Spark hands a worker back for reuse only if its task read all of its input
+    time.sleep(0.3)
+    return []
 
 
 def _outcome(outcome) -> dict:  # noqa: ANN001 - an engine PartitionOutcome

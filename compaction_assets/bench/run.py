@@ -11,6 +11,7 @@ import os
 import shutil
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import partial
@@ -340,7 +341,7 @@ def run_bench(
         passes = [(background_load, repeats)]
     local_sets = [d for d in sets if d.name != s3_dataset.S3.name]
     java = start_java(root, log) if with_java and local_sets else None
-    ours = start_ours(config_path, log) if local_sets else None
+    ours = start_ours(config_path, engine, log) if local_sets else None
     try:
         for dataset in sets:
             for load, n in passes:
@@ -519,9 +520,17 @@ def warm_up(engine: Engine, cores: int, name: str = "warmup") -> None:
     engine.compact(f"{NAMESPACE}.{name}")
 
 
-def start_ours(config_path: Path, log: Callable[[str], None]) -> OursProcess:
-    """Our engine's own process for the bench (bench/ours_process.py), started and warmed up untimed."""
+def warmup_table(engine: Engine) -> str:
+    """A new table of one partition per core, for a warm-up compaction (see warm_up)."""
+    name = f"{NAMESPACE}.warmup_{uuid.uuid4().hex[:8]}"
+    partitioned_fragments(engine, name, os.cpu_count() or 1)
+    return name
+
+
+def start_ours(config_path: Path, engine: Engine, log: Callable[[str], None]) -> OursProcess:
+    """Our engine's own process for the bench (bench/ours_process.py), started and warmed up untimed
+    on a table `engine` (the bench's, on the same catalog) writes for it."""
     started = time.perf_counter()
-    ours = OursProcess(config_path)
+    ours = OursProcess(config_path, warmup_table(engine))
     log(f"ours: own process (pid {ours.pid}) with a warm local Spark session in {time.perf_counter() - started:.1f}s")
     return ours
