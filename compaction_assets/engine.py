@@ -608,10 +608,9 @@ class Engine:
                         output_dir=out_dir,
                         file_prefix=attempt.attempt_id,
                         max_files=group.expected_outputs,
-                        # the Polars path applies no deletes and no expiration, writes a source file
-                        # into one output, and does not split rows by partition
-                        polars=not delete_specs
-                        and not lineage
+                        # the Polars path applies no expiration, writes a source file into one
+                        # output, and does not split rows by partition (deletes: polars_deletes)
+                        polars=not lineage
                         and expiry is None
                         and plan.kind != Kind.SPLIT
                         and not repartition

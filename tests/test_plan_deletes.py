@@ -85,7 +85,7 @@ def test_position_and_equality_deletes_are_planned_and_listed_per_source(lake):
     assert (pos.content, pos.records, pos.equality_ids) == (int(DataFileContent.POSITION_DELETES), 3, None)
     assert {s.path: s.deletes for s in eu_group.sources}[eu[0].file_path] == [0]
     assert all(not s.deletes for s in eu_group.sources if s.path != eu[0].file_path)
-    assert eu_group.polars is False
+    assert eu_group.polars is True  # the Polars path applies deletes too (polars_deletes)
     asia_group = group_of(job, asia[0].file_path)
     [eq] = asia_group.deletes
     assert (eq.content, eq.records, eq.equality_ids) == (int(DataFileContent.EQUALITY_DELETES), 30, [1])

@@ -351,7 +351,7 @@ def test_position_deletes_are_applied_on_s3(s3_lake):
 
     outcomes = [o for o in s3_lake.engine.compact("ns.mor") if o.status == "committed"]
 
-    assert outcomes and {o.engine for o in outcomes} == {"arrow"}
+    assert outcomes and {o.engine for o in outcomes} == {"polars"}  # Polars applies them (polars_deletes)
     table = s3_lake.table("ns.mor")
     assert _rows(table) == expected
     assert not [t for t in table.scan().plan_files() if t.delete_files]

@@ -6,6 +6,7 @@ job built as the driver builds it (which deletes apply to which source: lake.del
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import math
 import tempfile
 from collections import Counter
@@ -84,11 +85,14 @@ def catalog(tmp_path: Path) -> Iterator[SqlCatalog]:
     catalog.engine.dispose()
 
 
-@pytest.fixture(params=["bulk", "projected"])
+@pytest.fixture(params=["bulk", "projected", "polars"])
 def read_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run a test on the bulk scan (where files allow it) and again with every file projected."""
+    """Run a test on the bulk scan (where files allow it), again with every file projected, and
+    again with groups the driver found fit for Polars (polars_deletes: the same rules, other input)."""
     if request.param == "projected":
         monkeypatch.setattr(SourceReader, "relabel_target", lambda self, physical: None)
+    if request.param == "polars":
+        monkeypatch.setitem(build_job.__globals__, "rewrite_job", functools.partial(rewrite_job, polars=True))
     return request.param
 
 
@@ -182,7 +186,7 @@ def test_position_and_equality_deletes_in_a_partitioned_table(catalog: SqlCatalo
 
     outcomes = assert_rewrite_keeps_live_rows(table)
 
-    assert all(o.engine == "arrow" for o in outcomes)
+    assert all(o.engine == ("polars" if read_path == "polars" else "arrow") for o in outcomes)
     assert all(o.rows_deleted > 0 for o in outcomes)
 
 
@@ -256,7 +260,7 @@ def test_sorted_rewrite_applies_deletes(catalog: SqlCatalog, read_path: str) -> 
     assert ids == sorted(ids, reverse=True) and 7 not in ids and 70 not in ids
 
 
-def test_a_group_with_deletes_never_takes_polars(catalog: SqlCatalog) -> None:
+def test_a_group_with_deletes_takes_polars_and_applies_them(catalog: SqlCatalog) -> None:
     table = catalog.create_table("ns.t", schema=SCHEMA)
     append_fragments(table, [_rows(i * 20, 20, "x") for i in range(3)])
     commit_delete_files(table, [position_delete_file(table, _data_files(table)[0], [0])])
@@ -264,7 +268,7 @@ def test_a_group_with_deletes_never_takes_polars(catalog: SqlCatalog) -> None:
 
     [outcome] = assert_rewrite_keeps_live_rows(table, polars=True)
 
-    assert outcome.engine == "arrow" and outcome.rows_deleted == 1
+    assert outcome.engine == "polars" and outcome.rows_deleted == 1
 
 
 def test_an_equality_key_the_schema_no_longer_has_fails_the_group(catalog: SqlCatalog) -> None:

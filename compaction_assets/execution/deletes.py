@@ -116,24 +116,7 @@ class GroupDeletes:
             raise DeleteFileError(f"cannot apply delete files to {source.path}: {type(exc).__name__}: {exc}") from exc
 
     def _apply(self, source, start: int, batch: pa.RecordBatch) -> pa.RecordBatch:  # noqa: ANN001 - SourceFile
-        applying = tuple(source.deletes)
-        plan = self._plans.get(applying)
-        if plan is None:
-            plan = self._plans[applying] = self._plan(applying)
-        has_positions, by_ids = plan
-        deleted: np.ndarray | None = None
-        if has_positions:
-            positions = self._source_positions(source.path)
-            lo, hi = np.searchsorted(positions, [start, start + batch.num_rows])
-            if hi > lo:
-                deleted = np.zeros(batch.num_rows, dtype=bool)
-                deleted[positions[lo:hi] - start] = True
-        for ids, applying in by_ids.items():
-            index = self._indexes.get(ids)
-            if index is None:
-                index = self._indexes[ids] = self._build_index(ids)
-            hit = index.deleted([batch.column(self._names[i]) for i in ids], applying)
-            deleted = hit if deleted is None else deleted | hit
+        deleted = self.deleted(source, start, batch.num_rows, batch)
         if deleted is None:
             return batch
         removed = int(deleted.sum())
@@ -141,6 +124,44 @@ class GroupDeletes:
             return batch
         self.rows_deleted += removed
         return batch.filter(pa.array(~deleted))
+
+    def key_columns(self, source) -> list[str]:  # noqa: ANN001 - SourceFile
+        """The output-schema columns the equality deletes applying to `source` match on."""
+        _, by_ids = self._plan_for(tuple(source.deletes))
+        return list(dict.fromkeys(self._names[i] for ids in by_ids for i in ids))
+
+    def deleted(
+        self,
+        source,  # noqa: ANN001 - SourceFile
+        start: int,
+        rows: int,
+        columns: pa.RecordBatch | pa.Table | None,
+    ) -> np.ndarray | None:
+        """Which of rows `start`..`start + rows` of `source` its delete files delete (None: none
+        apply); `columns` holds those rows' `key_columns`, in the output schema, at least."""
+        has_positions, by_ids = self._plan_for(tuple(source.deletes))
+        deleted: np.ndarray | None = None
+        if has_positions:
+            positions = self._source_positions(source.path)
+            lo, hi = np.searchsorted(positions, [start, start + rows])
+            if hi > lo:
+                deleted = np.zeros(rows, dtype=bool)
+                deleted[positions[lo:hi] - start] = True
+        for ids, applying in by_ids.items():
+            index = self._indexes.get(ids)
+            if index is None:
+                index = self._indexes[ids] = self._build_index(ids)
+            if columns is None:
+                raise ValueError(f"{source.path}: equality deletes apply but no key columns were given")
+            hit = index.deleted([columns.column(self._names[i]) for i in ids], applying)
+            deleted = hit if deleted is None else deleted | hit
+        return deleted
+
+    def _plan_for(self, applying: tuple[int, ...]) -> tuple[bool, dict[tuple[int, ...], frozenset[int]]]:
+        plan = self._plans.get(applying)
+        if plan is None:
+            plan = self._plans[applying] = self._plan(applying)
+        return plan
 
     def _plan(self, applying: tuple[int, ...]) -> tuple[bool, dict[tuple[int, ...], frozenset[int]]]:
         """Whether position deletes are among `applying`, and its equality deletes by equality ids."""

@@ -29,8 +29,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
@@ -166,8 +168,11 @@ def rewrite_with_polars(
     name: str,
     max_files: int,
     footer: pq.FileMetaData,
+    deleted: Sequence[np.ndarray] | None = None,
 ) -> list[DataFile] | None:
-    """Write `sources` (SourceFile-like) as up to `max_files` files `<name>-NNNNN.parquet`.
+    """Write `sources` (SourceFile-like) as up to `max_files` files `<name>-NNNNN.parquet`,
+    without the rows at `deleted[i]` (sorted, unique positions) of `sources[i]`: merge-on-read
+    (execution/polars_deletes works them out).
 
     `footer` is the first source's: the other sources have footers like it (it sizes Polars' tail
     reads on object storage, polars_storage.footer_reads), and its decoded bytes per row size the
@@ -195,9 +200,14 @@ def rewrite_with_polars(
     written: list[DataFile] = []
     opened: list[str] = []
     reference = None  # the first chunk's Polars schema: the one validated against the table
+    gone = dict(zip((s.path for s in sources), deleted or (), strict=False))
     try:
         for k, chunk in enumerate(_split(sources, max_files)):
             location = f"{name}-{k:05d}.parquet"
+            dropped = _chunk_positions(chunk, gone)
+            expected = sum(s.records for s in chunk) - (0 if dropped is None else len(dropped))
+            if expected == 0:
+                continue  # deletes took every row: no file, as on the per-file path
             opened.append(location)
             frame = pl.scan_parquet(
                 [storage.path(s.path) for s in chunk],
@@ -206,7 +216,11 @@ def rewrite_with_polars(
                 missing_columns="raise",
                 extra_columns="raise",
                 storage_options=storage.options,
+                row_index_name=ROW_INDEX if dropped is not None else None,
             )
+            if dropped is not None:  # the scan's row numbers across the chunk's files
+                kept = ~pl.col(ROW_INDEX).is_in(pl.Series(dropped, dtype=pl.get_index_type()).implode())
+                frame = frame.filter(kept).drop(ROW_INDEX)
             # Polars checks a chunk's files against the chunk's first file only; the relabel below
             # is positional, and was validated on the group's first file (the first chunk's): a
             # later chunk of other columns (an older order, a dropped column) must not take it.
@@ -230,8 +244,8 @@ def rewrite_with_polars(
             with footer_reads(footer.serialized_size, sizes), concurrency:
                 frame.sink_parquet(output, storage_options=storage.options, **options)
             out_footer, size = _footer(io, storage, location)
-            if out_footer.num_rows != sum(s.records for s in chunk):
-                raise ValueError(f"{location}: {out_footer.num_rows} rows, sources say {sum(s.records for s in chunk)}")
+            if out_footer.num_rows != expected:
+                raise ValueError(f"{location}: {out_footer.num_rows} rows, sources and deletes say {expected}")
             stats = data_file_statistics_from_parquet_metadata(out_footer, statistics.plan, statistics.id_mapping)
             data_file = DataFile.from_args(
                 content=DataFileContent.DATA,
@@ -258,6 +272,22 @@ def rewrite_with_polars(
                     io.delete(location)
         return None
     return written
+
+
+ROW_INDEX = "__compaction_row_index"  # not an Iceberg column name the group can have: names_are_ids
+
+
+def _chunk_positions(chunk: list, deleted: dict[str, np.ndarray]) -> np.ndarray | None:
+    """The deleted rows of a chunk's sources as row numbers of one scan over them (None: no row
+    is deleted). Positions are within each source's records (polars_deletes), so offsetting by
+    the records before it numbers them as the scan does."""
+    parts, offset = [], 0
+    for source in chunk:
+        positions = deleted.get(source.path)
+        if positions is not None and len(positions):
+            parts.append(positions + offset)
+        offset += source.records
+    return np.concatenate(parts) if parts else None
 
 
 def row_group_rows(properties: dict[str, str], row_bytes: float) -> int:

@@ -40,7 +40,7 @@ from pyiceberg.table.metadata import TableMetadata, TableMetadataUtil
 from pyiceberg.typedef import Record
 
 from compaction_assets.errors import InputFileError, worker_error
-from compaction_assets.execution import durable, polars_rewrite
+from compaction_assets.execution import durable, polars_deletes, polars_rewrite
 from compaction_assets.execution.deletes import GroupDeletes
 from compaction_assets.execution.external_sort import ExternalSort, SortSpec
 from compaction_assets.execution.lineage import with_lineage_fields
@@ -289,8 +289,14 @@ def rewrite_group(job: RewriteJob, index: int) -> GroupOutcome:
     reader = SourceReader(
         metadata, io, spec.sources, partition, spec.spec_id, writer.convert, deletes, targets, lineage=lineage
     )
-    if not lineage and (written := _rewrite_with_polars(spec, version, io, partition, reader, writer)) is not None:
-        return GroupOutcome(index, written, None, sum(s.records for s in spec.sources), bytes_in, peak_rss(), "polars")
+    if (
+        not lineage
+        and (written := _rewrite_with_polars(spec, version, io, partition, reader, writer, deletes)) is not None
+    ):
+        records = sum(s.records for s in spec.sources)
+        return GroupOutcome(
+            index, written, None, records, bytes_in, peak_rss(), "polars", rows_deleted=deletes.rows_deleted
+        )
     expiry = _Expiry(spec.expire, writer.file_schema.find_field(spec.expire.field_id).name) if spec.expire else None
     sorter = ExternalSort(job.sort_spec, job.sort_budget_bytes) if spec.sort and job.sort_spec else None
     try:
@@ -355,16 +361,11 @@ def _rewrite_with_polars(
     partition: Record,
     reader: SourceReader,
     writer: RollingWriter | PartitionedWriter,
+    deletes: GroupDeletes,
 ) -> list[DataFile] | None:
-    """The group through Polars if the driver found it fit (see polars_rewrite); None: use the
-    per-file path. Polars applies no deletes: a group with any never takes it, whatever the driver said."""
-    if (
-        not spec.polars
-        or spec.deletes
-        or spec.expire
-        or any(s.deletes for s in spec.sources)
-        or spec.output_spec_id is not None
-    ):
+    """The group through Polars if the driver found it fit (see polars_rewrite), its delete files
+    applied (polars_deletes); None: use the per-file path (`deletes` then counts from zero again)."""
+    if not spec.polars or spec.sort or spec.expire or spec.output_spec_id is not None:
         return None
     try:
         footer = polars_rewrite.read_footer(io, spec.sources[0].path)
@@ -373,9 +374,19 @@ def _rewrite_with_polars(
         return None  # the per-file path reports it, naming the file
     target = reader.target_for(physical)
     polars_target = polars_rewrite.polars_schema(target) if target is not None else None
-    if polars_target is None:
+    if target is None or polars_target is None:
         return None
-    return polars_rewrite.rewrite_with_polars(
+    deleted = None
+    if any(s.deletes for s in spec.sources):
+        if polars_rewrite.ROW_INDEX in physical.names:
+            return None
+        try:
+            deleted = polars_deletes.deleted_positions(deletes, io, spec.sources, target, physical.names)
+        except Exception as exc:  # noqa: BLE001 - a bad delete file: the per-file path fails the group, naming it
+            polars_rewrite.log.warning("polars rewrite of %s fell back to the per-file path: %s", writer.name, exc)
+            deletes.rows_deleted = 0
+            return None
+    written = polars_rewrite.rewrite_with_polars(
         io,
         version.metadata,
         version.statistics,
@@ -386,7 +397,11 @@ def _rewrite_with_polars(
         writer.name,
         spec.max_files,
         footer,
+        deleted,
     )
+    if written is None:
+        deletes.rows_deleted = 0
+    return written
 
 
 def _reset_peak_rss() -> None:
