@@ -473,6 +473,8 @@ class TableHistory(RuleBasedStateMachine):
                     spilled = " spilled" if outcome.spill_files else ""
                     FIGURES.outcomes[f"sorted by {outcome.bounds_overlap['order']}{spilled}"] += 1
                 FIGURES.outcomes[f"rewritten by {outcome.engine or 'none'}"] += 1
+                if outcome.rows_deleted:  # merge-on-read: which path applied the deletes
+                    FIGURES.outcomes[f"deletes applied by {outcome.engine}"] += 1
             elif outcome.kind == "old-spec":  # e.g. a raced equality delete in the old partition
                 FIGURES.outcomes[f"{outcome.status} old-spec"] += 1
 
