@@ -206,9 +206,6 @@ def rewrite_with_polars(
             location = f"{name}-{k:05d}.parquet"
             dropped = _chunk_positions(chunk, gone)
             expected = sum(s.records for s in chunk) - (0 if dropped is None else len(dropped))
-            if expected == 0:
-                continue  # deletes took every row: no file, as on the per-file path
-            opened.append(location)
             frame = pl.scan_parquet(
                 [storage.path(s.path) for s in chunk],
                 glob=False,
@@ -224,12 +221,16 @@ def rewrite_with_polars(
             # Polars checks a chunk's files against the chunk's first file only; the relabel below
             # is positional, and was validated on the group's first file (the first chunk's): a
             # later chunk of other columns (an older order, a dropped column) must not take it.
+            # Checked before a chunk is skipped, so the reference is always the first chunk's.
             with footer_reads(footer.serialized_size):  # reads up to 16 files' footers, then drops them
                 schema = frame.collect_schema()
             if reference is None:
                 reference = schema
             elif schema != reference:
                 raise ValueError(f"{location}: its sources' columns differ from the group's first file's")
+            if expected == 0:
+                continue  # deletes took every row: no file, as on the per-file path
+            opened.append(location)
             physical = schema.names()
             if physical != target.names:
                 frame = frame.rename(dict(zip(physical, target.names, strict=True)))
