@@ -627,7 +627,7 @@ class Engine:
             io_properties=dict(table.io.properties),
             target_file_size_bytes=tplan.policy.target_file_size_bytes,
             groups=groups,
-            tasks=pack_tasks(sizes, [g.polars and not _remote(g) for g in groups], self.config.spark.task_bytes),
+            tasks=pack_tasks(sizes, [_packable(g) for g in groups], self.config.spark.task_bytes),
             sort_columns=sort_keys(table) if sorting and not clustering.zorder else [],
             zorder_columns=file_column_names(table, clustering) if sorting and clustering.zorder else [],
             sort_budget_bytes=tplan.policy.sort_memory_bytes,
@@ -871,6 +871,11 @@ def _task_id(task_id: str | None, partitions: int, plan: PartitionPlan) -> str:
     if task_id is None:
         return uuid.uuid4().hex
     return task_id if partitions == 1 else f"{task_id}:{plan.partition_key}"
+
+
+def _packable(group: GroupSpec) -> bool:
+    """A group that may share a Spark task (execution/packing): a local Polars group without delete files."""
+    return group.polars and not group.deletes and not _remote(group)
 
 
 def _remote(group: GroupSpec) -> bool:

@@ -1,9 +1,10 @@
 """Which groups share a Spark task: Polars groups of local files packed by bytes (LPT), every other
-group alone (Polars groups on object storage too); and a compaction whose groups share one task
+group alone (Polars groups on object storage or with delete files too); and a compaction whose groups share one task
 keeps every partition's rows."""
 
 from compaction_assets.engine import Engine, describe_phases
 from compaction_assets.execution.packing import pack_tasks
+from compaction_assets.lake.delete_files import commit_delete_files, position_delete_file
 from compaction_assets.lake.digest import rows_digest
 from tests.conftest import create_fragmented
 from tests.test_rewrite_paths import _job
@@ -72,3 +73,16 @@ def test_polars_groups_on_object_storage_keep_a_task_each(s3_lake):
 
     assert [g.polars for g in job.groups] == [True, True]
     assert sorted(job.tasks) == [[0], [1]]
+
+
+def test_polars_groups_with_delete_files_keep_a_task_each(lake):
+    table = create_fragmented(lake, "ns.mor", {"eu": 10, "us": 10, "asia": 10})
+    eu = [t.file for t in table.scan().plan_files() if t.file.partition[0] == "eu"]
+    commit_delete_files(table, [position_delete_file(table, eu[0], [0, 1])])
+
+    job = _job(lake.engine, "ns.mor")
+
+    with_deletes = [i for i, g in enumerate(job.groups) if g.deletes]
+    assert all(g.polars for g in job.groups) and len(with_deletes) == 1
+    assert with_deletes in job.tasks and sorted(i for t in job.tasks for i in t) == [0, 1, 2]
+    assert len(job.tasks) == 2  # the two without deletes still share one

@@ -33,7 +33,7 @@ from compaction_assets.execution.worker import RewriteJob, RollingWriter, rewrit
 from compaction_assets.lake.appends import append_fragments
 from compaction_assets.lake.catalog import load_table
 from compaction_assets.lake.datafile_codec import decode_partition
-from compaction_assets.lake.delete_files import commit_delete_files, position_delete_file
+from compaction_assets.lake.delete_files import commit_delete_files, equality_delete_file, position_delete_file
 from compaction_assets.lake.digest import rows_digest
 from compaction_assets.local_s3 import ACCESS_KEY, SECRET_KEY
 from tests.conftest import create_fragmented, data_files
@@ -341,13 +341,20 @@ def test_arrow_path_on_s3_overlaps_projected_reads_within_the_byte_budget(s3_lak
     assert _rows(s3_lake.table("ns.evolved2")) == expected
 
 
-def test_position_deletes_are_applied_on_s3(s3_lake):
+@pytest.mark.parametrize("equality", [False, True], ids=["positions", "positions-and-keys"])
+def test_deletes_are_applied_on_s3(s3_lake, equality):
     table = create_fragmented(s3_lake, "ns.mor", {"eu": 8}, rows=20)
     victims = sorted((f for f in table.scan().plan_files()), key=lambda t: t.file.file_path)[:2]
     commit_delete_files(table, [position_delete_file(table, t.file, [0, 5, 19]) for t in victims])
     table = s3_lake.table("ns.mor")
     expected = _rows(table)
-    assert len(expected) == 8 * 20 - 6
+    if equality:  # the key columns come from one Polars scan over the objects (polars_deletes)
+        ids = {r["id"] for r in expected[7::13]}
+        partition = victims[0].file.partition
+        commit_delete_files(table, [equality_delete_file(table, 0, partition, ["id"], [{"id": i} for i in ids])])
+        table = s3_lake.table("ns.mor")
+        expected = [r for r in expected if r["id"] not in ids]
+    assert len(expected) == 8 * 20 - 6 - (12 if equality else 0)
 
     outcomes = [o for o in s3_lake.engine.compact("ns.mor") if o.status == "committed"]
 

@@ -15,10 +15,12 @@ contender is timed on the same busy machine; they are killed by pid when the blo
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,7 +33,17 @@ except ImportError:  # pragma: no cover - depends on the environment
     psutil = None
 
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+# The sampler shares the machine with the contender it measures, and what it reads has a price:
+# walking the process tree reads every process's /proc stat (4 ms), and a process's PSS makes the
+# kernel walk its page tables (1-6 ms each; 24 ms for ours' driver, JVM and three Python workers).
+# Both at every 50 ms sample took 37% of a core from ours (the most processes), 2% from pyarrow.
+# So: RSS (0.05 ms a process) every INTERVAL_S, the tree walked again every WALK_INTERVAL_S (Spark
+# starts a Python worker per task: seconds apart), PSS only near the RSS peak and at most every
+# PSS_INTERVAL_S (and at the end): 12% of a core for ours at its peak (measured over 5 s).
 INTERVAL_S = 0.05
+WALK_INTERVAL_S = 0.2
+PSS_INTERVAL_S = 0.5
+PSS_NEAR_PEAK = 0.9  # PSS is taken when the RSS sum is at least this share of its peak so far
 
 
 def _rss(pid: int) -> int:
@@ -81,19 +93,26 @@ def tree_rss_pss(trees: Iterable[int], singles: Iterable[int] = ()) -> tuple[int
 
 
 class TreePeak:
-    """The largest `tree_rss_pss(trees, singles)` sampled every INTERVAL_S while the block runs
-    (`peak`: RSS summed, `peak_pss`: PSS summed; bytes). Short-lived peaks between two samples
-    are missed: lower bounds."""
+    """The largest RSS summed over `tree_pids(trees, singles)` sampled every INTERVAL_S while the
+    block runs (`peak`, bytes), and the largest PSS summed taken near those peaks (`peak_pss`;
+    see PSS_INTERVAL_S). Short-lived peaks between two samples are missed: lower bounds."""
 
     def __init__(self, trees: Iterable[int], singles: Iterable[int] = ()) -> None:
         self.trees, self.singles = list(trees), list(singles)
         self.peak = self.peak_pss = 0
+        self._pids: set[int] = set()
+        self._walked = self._pss_at = -math.inf
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, name="tree-peak-rss", daemon=True)
 
-    def _take(self) -> None:
-        rss, pss = tree_rss_pss(self.trees, self.singles)
-        self.peak, self.peak_pss = max(self.peak, rss), max(self.peak_pss, pss)
+    def _take(self, last: bool = False) -> None:
+        now = time.monotonic()
+        if last or now - self._walked >= WALK_INTERVAL_S:
+            self._pids, self._walked = tree_pids(self.trees, self.singles), now
+        rss = sum(_rss(pid) for pid in self._pids)
+        self.peak = max(self.peak, rss)
+        if last or (rss >= PSS_NEAR_PEAK * self.peak and now - self._pss_at >= PSS_INTERVAL_S):
+            self.peak_pss, self._pss_at = max(self.peak_pss, sum(_pss(pid) for pid in self._pids)), now
 
     def _sample(self) -> None:
         while True:
@@ -108,7 +127,7 @@ class TreePeak:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        self._take()
+        self._take(last=True)
 
 
 BUSY_LOOP = "import signal, sys\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\nwhile True:\n    pass\n"

@@ -3,18 +3,20 @@
 The rules are the Arrow path's own (execution/deletes.GroupDeletes: position deletes, equality
 deletes with null-safe equality and the per-source applying files); only their input differs.
 Position deletes need nothing of the source; equality deletes need its key columns, read here
-alone (by the names Polars will read it by: a Polars group's names are its field ids), cast to the
-table's types. The result is each source's deleted positions, sorted, unique and within its
-records; the Polars scan numbers its rows across the sources and drops those (polars_rewrite).
-That numbering offsets each source's positions by the records of the sources before it, so every
-source's row count is checked against its manifest entry here (its key columns', else its
-footer's): two wrong counts that cancel out would otherwise move deletes onto other rows.
+alone by one Polars scan over the sources (by the names Polars will read them by: a Polars
+group's names are its field ids), cast to the table's types. The result is each source's deleted
+positions, sorted, unique and within its records; the Polars scan numbers its rows across the
+sources and drops those (polars_rewrite). That numbering offsets each source's positions by the
+records of the sources before it, so every source's row count is checked against its manifest
+entry here (as its key columns came, else from its footer): two wrong counts that cancel out
+would otherwise move deletes onto other rows.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -22,56 +24,111 @@ import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
 
 from compaction_assets.execution.deletes import GroupDeletes
+from compaction_assets.execution.polars_storage import PolarsStorage, footer_reads
+
+if TYPE_CHECKING:
+    import polars as pl
 
 _NONE = np.empty(0, dtype=np.int64)
-READERS = 8  # sources read at once: footers and key columns are small, mostly waiting on storage
-_WINDOW = 64  # sources whose key columns are held at once
+FOOTER_READERS = 8  # footers read at once: small reads, mostly waiting on storage
+KEY_WINDOW_ROWS = 4_000_000  # source rows whose key columns one scan reads and holds (32 MB of longs)
+FILE_COLUMN = (
+    "__compaction_file"  # the scan's file-path column: a source with a column of this name takes the per-file path
+)
 
 
 def deleted_positions(
-    deletes: GroupDeletes, io: FileIO, sources: Sequence, target: pa.Schema, physical: Sequence[str]
+    deletes: GroupDeletes,
+    storage: PolarsStorage,
+    sources: Sequence,
+    target: pa.Schema,
+    physical: Sequence[str],
+    footer_bytes: int,
 ) -> list[np.ndarray]:
     """Per source (SourceFile-like: path, records, deletes), the positions its delete files
     delete. `target` is the group's output schema and `physical` the first source's column names,
-    position for position (the Polars path's relabel). Raises ValueError if a source does not
-    hold its manifest's record count (the per-file path then fails the group, naming the file)."""
+    position for position (the Polars path's relabel); `footer_bytes` the size of its footer.
+    Raises ValueError if a source does not hold its manifest's record count (the per-file path
+    then fails the group, naming the file)."""
     by_name = dict(zip(target.names, physical, strict=True))
     wanted = [deletes.key_columns(s) if s.deletes and s.records else [] for s in sources]
+    names = list(dict.fromkeys(n for w in wanted for n in w))
+    if names:
+        read = _key_columns(storage, sources, [by_name[n] for n in names], target, names, footer_bytes)
+    else:
+        read = ((None, rows) for rows in _row_counts(storage.io, sources))
     positions = []
-    for source, names, keys in zip(sources, wanted, _read_all(io, sources, wanted, by_name, target), strict=True):
-        rows = keys if isinstance(keys, int) else keys.num_rows
+    for source, keys, (batch, rows) in zip(sources, wanted, read, strict=True):
         if rows != source.records:
             raise ValueError(f"{source.path} has {rows} rows but its manifest entry says {source.records}")
-        if not source.deletes or not source.records:
-            positions.append(_NONE)
-            continue
-        mask = deletes.deleted(source, 0, source.records, keys if names else None)
+        mask = deletes.deleted(source, 0, source.records, batch if keys else None) if source.deletes else None
         positions.append(_NONE if mask is None else np.flatnonzero(mask).astype(np.int64))
     deletes.rows_deleted += sum(len(p) for p in positions)
     return positions
 
 
-def _read_all(
-    io: FileIO, sources: Sequence, wanted: list[list[str]], by_name: dict[str, str], target: pa.Schema
-) -> Iterator[pa.RecordBatch | int]:
-    """Per source, in order: its key columns (`wanted`), else its footer's row count; read
-    READERS at a time, at most _WINDOW sources ahead."""
+def _key_columns(
+    storage: PolarsStorage,
+    sources: Sequence,
+    columns: list[str],
+    target: pa.Schema,
+    names: list[str],
+    footer_bytes: int,
+) -> Iterator[tuple[pa.RecordBatch, int]]:
+    """Per source, in order: its `columns` as a batch named `names` in `target`'s types, and its
+    row count. One Polars scan per window of sources (KEY_WINDOW_ROWS by their manifests)."""
+    import polars as pl
 
-    def read(k: int) -> pa.RecordBatch | int:
-        names = wanted[k]
-        if names:
-            return _key_columns(io, sources[k].path, [by_name[n] for n in names], target, names)
-        with io.new_input(sources[k].path).open() as stream:
+    start = 0
+    while start < len(sources):
+        end, rows = start + 1, sources[start].records
+        while end < len(sources) and rows + sources[end].records <= KEY_WINDOW_ROWS:
+            rows += sources[end].records
+            end += 1
+        window = sources[start:end]
+        paths = [storage.path(s.path) for s in window]
+        with footer_reads(footer_bytes):
+            frame = pl.scan_parquet(
+                paths,
+                glob=False,
+                hive_partitioning=False,
+                missing_columns="raise",
+                extra_columns="ignore",
+                storage_options=storage.options,
+                include_file_paths=FILE_COLUMN,
+            )
+            read = frame.select([*columns, FILE_COLUMN]).collect()
+        files, lengths = _runs(read.get_column(FILE_COLUMN))
+        table = read.drop(FILE_COLUMN).to_arrow()
+        arrays = [
+            table.column(c).cast(target.field(n).type).combine_chunks() for c, n in zip(columns, names, strict=True)
+        ]
+        batch = pa.RecordBatch.from_arrays(arrays, names=names)
+        counts = dict(zip(files, lengths, strict=True))
+        if len(counts) != len(files) or not set(counts) <= set(paths):
+            raise ValueError(
+                f"a key-column scan named files other than the group's: {sorted(set(counts) - set(paths))[:3]}"
+            )
+        offset = 0
+        for path in paths:
+            count = counts.get(path, 0)
+            yield batch.slice(offset, count), count
+            offset += count
+        start = end
+
+
+def _runs(files: pl.Series) -> tuple[list[str], list[int]]:
+    """The runs of equal values of a Polars string column: values, lengths."""
+    runs = files.rle().struct.unnest()
+    return runs.get_column("value").to_list(), runs.get_column("len").to_list()
+
+
+def _row_counts(io: FileIO, sources: Sequence) -> Iterator[int]:
+    """Each source's row count from its footer, in order, FOOTER_READERS at a time."""
+
+    def rows(path: str) -> int:
+        with io.new_input(path).open() as stream:
             return pq.read_metadata(stream).num_rows
 
-    with ThreadPoolExecutor(READERS) as pool:
-        for start in range(0, len(sources), _WINDOW):
-            yield from pool.map(read, range(start, min(start + _WINDOW, len(sources))))
-
-
-def _key_columns(io: FileIO, path: str, columns: list[str], target: pa.Schema, names: list[str]) -> pa.RecordBatch:
-    """`columns` of the file at `path`, as one batch named `names` in `target`'s types."""
-    with io.new_input(path).open() as stream:
-        table = pq.read_table(stream, columns=columns, use_threads=False)
-    arrays = [table.column(c).cast(target.field(n).type).combine_chunks() for c, n in zip(columns, names, strict=True)]
-    return pa.RecordBatch.from_arrays(arrays, names=names)
+    with ThreadPoolExecutor(FOOTER_READERS) as pool:
+        yield from pool.map(rows, [s.path for s in sources])

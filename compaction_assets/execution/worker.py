@@ -40,7 +40,7 @@ from pyiceberg.table.metadata import TableMetadata, TableMetadataUtil
 from pyiceberg.typedef import Record
 
 from compaction_assets.errors import InputFileError, worker_error
-from compaction_assets.execution import durable, polars_deletes, polars_rewrite
+from compaction_assets.execution import durable, polars_deletes, polars_rewrite, polars_storage
 from compaction_assets.execution.deletes import GroupDeletes
 from compaction_assets.execution.external_sort import ExternalSort, SortSpec
 from compaction_assets.execution.lineage import with_lineage_fields
@@ -378,10 +378,15 @@ def _rewrite_with_polars(
         return None
     deleted = None
     if any(s.deletes for s in spec.sources):
-        if polars_rewrite.ROW_INDEX in physical.names:
+        if polars_rewrite.ROW_INDEX in physical.names or polars_deletes.FILE_COLUMN in physical.names:
             return None
         try:
-            deleted = polars_deletes.deleted_positions(deletes, io, spec.sources, target, physical.names)
+            storage = polars_storage.storage_for(io, [s.path for s in spec.sources])
+            if storage is None:
+                return None
+            deleted = polars_deletes.deleted_positions(
+                deletes, storage, spec.sources, target, physical.names, footer.serialized_size
+            )
         except Exception as exc:  # noqa: BLE001 - a bad delete file: the per-file path fails the group, naming it
             polars_rewrite.log.warning("polars rewrite of %s fell back to the per-file path: %s", writer.name, exc)
             deletes.rows_deleted = 0
