@@ -16,9 +16,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
-from pyiceberg.manifest import DataFile, DataFileContent
+from pyiceberg.io.pyarrow import (
+    compute_statistics_plan,
+    data_file_statistics_from_parquet_metadata,
+    parquet_path_to_id_mapping,
+    schema_to_pyarrow,
+)
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
+from pyiceberg.typedef import Record
 from pyiceberg.types import LongType, NestedField
 
 from compaction_assets.bench.cdc_worker import rewrite_job
@@ -151,3 +158,38 @@ def test_record_counts_that_cancel_out_never_move_a_delete(catalog: SqlCatalog) 
 
     assert outcome.data_files == []
     assert "has 9 rows but its manifest entry says 10" in outcome.error
+
+
+def test_a_zero_row_source_under_equality_deletes_keeps_the_group_on_polars(catalog: SqlCatalog) -> None:
+    """Some writers commit empty data files; one with an equality delete applying has nothing to
+    delete, and must not send the group's other files to the per-file path."""
+    table = catalog.create_table("ns.t", schema=SCHEMA)
+    append_fragments(table, [_rows(table, i * 10, 10) for i in range(3)])
+    table = catalog.load_table("ns.t")
+    path = f"{table.location().rstrip('/')}/data/empty.parquet"
+    pq.write_table(schema_to_pyarrow(table.schema()).empty_table(), urlparse(path).path)
+    schema = table.schema()
+    stats = data_file_statistics_from_parquet_metadata(
+        pq.read_metadata(urlparse(path).path),
+        compute_statistics_plan(schema, table.properties),
+        parquet_path_to_id_mapping(schema),
+    )
+    empty = DataFile.from_args(
+        content=DataFileContent.DATA,
+        file_path=path,
+        file_format=FileFormat.PARQUET,
+        partition=Record(),
+        file_size_in_bytes=len(table.io.new_input(path)),
+        **stats.to_serialized_dict(),
+    )
+    empty.spec_id = 0
+    with table.transaction() as tx, tx.update_snapshot().fast_append() as append:
+        append.append_data_file(empty)
+    table = catalog.load_table("ns.t")
+    commit_delete_files(table, [equality_delete_file(table, 0, Record(), ["id"], [{"id": 3}, {"id": 25}])])
+    table = catalog.load_table("ns.t")
+
+    outcome = rewrite_group(_one_group(table, _data_files(table)[0].file_path, max_files=1), 0)
+
+    _assert_live_rows(table, outcome)
+    assert outcome.engine == "polars" and outcome.rows_deleted == 2

@@ -31,7 +31,11 @@ if TYPE_CHECKING:
 
 _NONE = np.empty(0, dtype=np.int64)
 FOOTER_READERS = 8  # footers read at once: small reads, mostly waiting on storage
-KEY_WINDOW_ROWS = 4_000_000  # source rows whose key columns one scan reads and holds (32 MB of longs)
+# The sources whose key columns one scan reads and holds (a few copies, as Polars, Arrow and cast):
+# at most this many rows (32 MB of longs) and this many source bytes (wide string keys: an outside
+# attack held 234 MB of 2,000-character keys at a 930 MB peak with the row bound alone)
+KEY_WINDOW_ROWS = 4_000_000
+KEY_WINDOW_BYTES = 64 * 1024 * 1024
 FILE_COLUMN = (
     "__compaction_file"  # the scan's file-path column: a source with a column of this name takes the per-file path
 )
@@ -61,7 +65,7 @@ def deleted_positions(
     for source, keys, (batch, rows) in zip(sources, wanted, read, strict=True):
         if rows != source.records:
             raise ValueError(f"{source.path} has {rows} rows but its manifest entry says {source.records}")
-        mask = deletes.deleted(source, 0, source.records, batch if keys else None) if source.deletes else None
+        mask = deletes.deleted(source, 0, rows, batch if keys else None) if source.deletes and rows else None
         positions.append(_NONE if mask is None else np.flatnonzero(mask).astype(np.int64))
     deletes.rows_deleted += sum(len(p) for p in positions)
     return positions
@@ -81,9 +85,13 @@ def _key_columns(
 
     start = 0
     while start < len(sources):
-        end, rows = start + 1, sources[start].records
-        while end < len(sources) and rows + sources[end].records <= KEY_WINDOW_ROWS:
-            rows += sources[end].records
+        end, rows, size = start + 1, sources[start].records, sources[start].size
+        while (
+            end < len(sources)
+            and rows + sources[end].records <= KEY_WINDOW_ROWS
+            and size + sources[end].size <= KEY_WINDOW_BYTES
+        ):
+            rows, size = rows + sources[end].records, size + sources[end].size
             end += 1
         window = sources[start:end]
         paths = [storage.path(s.path) for s in window]
