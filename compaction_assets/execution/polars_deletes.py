@@ -36,9 +36,8 @@ FOOTER_READERS = 8  # footers read at once: small reads, mostly waiting on stora
 # attack held 234 MB of 2,000-character keys at a 930 MB peak with the row bound alone)
 KEY_WINDOW_ROWS = 4_000_000
 KEY_WINDOW_BYTES = 64 * 1024 * 1024
-FILE_COLUMN = (
-    "__compaction_file"  # the scan's file-path column: a source with a column of this name takes the per-file path
-)
+# the key scan's file-path column: a group whose files have a column of this name takes the per-file path
+FILE_COLUMN = "__compaction_file"
 
 
 def deleted_positions(
@@ -80,7 +79,7 @@ def _key_columns(
     footer_bytes: int,
 ) -> Iterator[tuple[pa.RecordBatch, int]]:
     """Per source, in order: its `columns` as a batch named `names` in `target`'s types, and its
-    row count. One Polars scan per window of sources (KEY_WINDOW_ROWS by their manifests)."""
+    row count. One Polars scan per window of sources (KEY_WINDOW_ROWS and KEY_WINDOW_BYTES)."""
     import polars as pl
 
     start = 0
