@@ -32,10 +32,14 @@ if TYPE_CHECKING:
 _NONE = np.empty(0, dtype=np.int64)
 FOOTER_READERS = 8  # footers read at once: small reads, mostly waiting on storage
 # The sources whose key columns one scan reads and holds (a few copies, as Polars, Arrow and cast):
-# at most this many rows (32 MB of longs) and this many source bytes (wide string keys: an outside
-# attack held 234 MB of 2,000-character keys at a 930 MB peak with the row bound alone)
+# at most this many rows (32 MB of longs), this many source bytes, and as many source bytes as
+# decode to about KEY_WINDOW_DECODED by the largest ratio of decoded key bytes to source bytes
+# seen so far (the first window is one source). Wide compressible string keys decode to many times
+# their source bytes: an outside attack held 234 MB of 2,000-character keys at a 930 MB peak with
+# the row bound alone, 619 MB with the source-bytes bound.
 KEY_WINDOW_ROWS = 4_000_000
 KEY_WINDOW_BYTES = 64 * 1024 * 1024
+KEY_WINDOW_DECODED = 32 * 1024 * 1024
 # the key scan's file-path column: a group whose files have a column of this name takes the per-file path
 FILE_COLUMN = "__compaction_file"
 
@@ -79,16 +83,16 @@ def _key_columns(
     footer_bytes: int,
 ) -> Iterator[tuple[pa.RecordBatch, int]]:
     """Per source, in order: its `columns` as a batch named `names` in `target`'s types, and its
-    row count. One Polars scan per window of sources (KEY_WINDOW_ROWS and KEY_WINDOW_BYTES)."""
+    row count. One Polars scan per window of sources (KEY_WINDOW_ROWS, KEY_WINDOW_BYTES and
+    KEY_WINDOW_DECODED)."""
     import polars as pl
 
-    start = 0
+    start, ratio = 0, None  # ratio: the most decoded key bytes per source byte a window has held
     while start < len(sources):
+        budget = 0 if ratio is None else min(KEY_WINDOW_BYTES, KEY_WINDOW_DECODED / ratio)
         end, rows, size = start + 1, sources[start].records, sources[start].size
         while (
-            end < len(sources)
-            and rows + sources[end].records <= KEY_WINDOW_ROWS
-            and size + sources[end].size <= KEY_WINDOW_BYTES
+            end < len(sources) and rows + sources[end].records <= KEY_WINDOW_ROWS and size + sources[end].size <= budget
         ):
             rows, size = rows + sources[end].records, size + sources[end].size
             end += 1
@@ -107,6 +111,8 @@ def _key_columns(
             read = frame.select([*columns, FILE_COLUMN]).collect()
         files, lengths = _runs(read.get_column(FILE_COLUMN))
         table = read.drop(FILE_COLUMN).to_arrow()
+        if table.nbytes:
+            ratio = max(ratio or 0.0, table.nbytes / max(size, 1))
         arrays = [
             table.column(c).cast(target.field(n).type).combine_chunks() for c, n in zip(columns, names, strict=True)
         ]
