@@ -26,7 +26,7 @@ from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.typedef import Record
-from pyiceberg.types import LongType, NestedField, StringType
+from pyiceberg.types import IntegerType, LongType, NestedField, StringType
 
 from compaction_assets.bench.cdc_worker import rewrite_job
 from compaction_assets.demo import append_fragments
@@ -70,6 +70,15 @@ def _append(catalog: SqlCatalog, table: Table, start: int) -> tuple[Table, DataF
     """20 rows appended in the table's current columns: the table reloaded, and the new file."""
     before = {f.file_path for f in _data_files(table)}
     append_fragments(table, [_rows(table, start, 20)])
+    table = catalog.load_table("ns.t")
+    [added] = [f for f in _data_files(table) if f.file_path not in before]
+    return table, added
+
+
+def _append_rows(catalog: SqlCatalog, table: Table, rows: pa.Table) -> tuple[Table, DataFile]:
+    """`rows` appended as one file: the table reloaded, and the new file."""
+    before = {f.file_path for f in _data_files(table)}
+    append_fragments(table, [rows])
     table = catalog.load_table("ns.t")
     [added] = [f for f in _data_files(table) if f.file_path not in before]
     return table, added
@@ -236,4 +245,50 @@ def test_wide_compressible_keys_are_scanned_in_windows_of_bounded_decoded_size(
     assert windows[0] == 1 and sum(windows) == 12
     assert 2 <= max(windows) <= 3, windows  # files alike: as many as decode to the bound, never more
     assert outcome.rows_deleted == len(keys)
+    assert _written(outcome) == Counter(row_key(r) for r in spec_rows(table))
+
+
+def test_uniform_integer_keys_are_tested_by_the_scan_as_the_index_would(
+    catalog: SqlCatalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where every source's equality deletes are the same files on one integer column, the key
+    scan tests membership itself: NULL matches NULL, a source newer than the deletes keeps its
+    rows (one with a position delete of its own), position deletes still apply."""
+    from compaction_assets.execution.deletes import GroupDeletes
+
+    schema = Schema(
+        NestedField(1, "id", IntegerType(), required=False), NestedField(2, "a", LongType(), required=False)
+    )
+    table = catalog.create_table("ns.t", schema=schema)
+
+    def rows(ids: list[int | None], a: int) -> pa.Table:
+        return pa.table({"id": pa.array(ids, pa.int32()), "a": pa.array([a + k for k in range(len(ids))], pa.int64())})
+
+    append_fragments(table, [rows([*range(20), None], 0)])
+    table = catalog.load_table("ns.t")
+    table, second = _append_rows(catalog, table, rows([*range(20, 40), None], 100))
+    keys = [{"id": None}, {"id": 3}, {"id": 25}, {"id": 1000}]
+    commit_delete_files(table, [equality_delete_file(table, 0, Record(), ["id"], keys)])
+    table = catalog.load_table("ns.t")
+    commit_delete_files(table, [position_delete_file(table, second, [0, 1])])
+    table = catalog.load_table("ns.t")
+    table, third = _append_rows(catalog, table, rows([3, 25, None, 7], 200))  # newer than the equality deletes
+    commit_delete_files(table, [position_delete_file(table, third, [3])])
+    table = catalog.load_table("ns.t")
+    uniform = []
+    keys_of = GroupDeletes.uniform_keys
+
+    def recorded(self, sources):  # noqa: ANN001, ANN202 - GroupDeletes' own signature
+        uniform.append(keys_of(self, sources))
+        return uniform[-1]
+
+    monkeypatch.setattr(GroupDeletes, "uniform_keys", recorded)
+    first = min(f.file_path for f in _data_files(table))
+
+    outcome = rewrite_group(_one_group(table, first, max_files=1), 0)
+
+    assert outcome.error is None and outcome.engine == "polars"
+    [(name, found, nulls)] = uniform
+    assert name == "id" and sorted(found.tolist()) == [3, 25, 1000] and nulls
+    assert outcome.rows_deleted == 7  # NULL twice, 3, 25; positions 0 and 1 of the second file, 3 of the third
     assert _written(outcome) == Counter(row_key(r) for r in spec_rows(table))

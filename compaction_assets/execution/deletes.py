@@ -34,7 +34,7 @@ import bisect
 import functools
 import zlib
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -141,15 +141,8 @@ class GroupDeletes:
     ) -> np.ndarray | None:
         """Which of rows `start`..`start + rows` of `source` its delete files delete (None: none
         apply); `columns` holds those rows' `key_columns`, in the output schema, at least."""
-        has_positions, by_ids = self._plan_for(tuple(source.deletes))
-        deleted: np.ndarray | None = None
-        if has_positions:
-            positions = self._source_positions(source.path)
-            lo, hi = np.searchsorted(positions, [start, start + rows])
-            if hi > lo:
-                deleted = np.zeros(rows, dtype=bool)
-                deleted[positions[lo:hi] - start] = True
-        for ids, applying in by_ids.items():
+        deleted = self.deleted_by_position(source, start, rows)
+        for ids, applying in self._plan_for(tuple(source.deletes))[1].items():
             index = self._indexes.get(ids)
             if index is None:
                 index = self._indexes[ids] = self._build_index(ids)
@@ -158,6 +151,41 @@ class GroupDeletes:
             hit = index.deleted([columns.column(self._names[i]) for i in ids], applying)
             deleted = hit if deleted is None else deleted | hit
         return deleted
+
+    def deleted_by_position(self, source, start: int, rows: int) -> np.ndarray | None:  # noqa: ANN001 - SourceFile
+        """Which of rows `start`..`start + rows` of `source` its position deletes delete (None: none)."""
+        if not self._plan_for(tuple(source.deletes))[0]:
+            return None
+        positions = self._source_positions(source.path)
+        lo, hi = np.searchsorted(positions, [start, start + rows])
+        if hi == lo:
+            return None
+        deleted = np.zeros(rows, dtype=bool)
+        deleted[positions[lo:hi] - start] = True
+        return deleted
+
+    def uniform_keys(self, sources: Sequence) -> tuple[str, np.ndarray, bool] | None:
+        """Where the equality deletes applying to each of `sources` (SourceFile-like) are the same
+        files, or none, and match on one integer column: its output-schema name, every key they
+        hold as int64 (repeats kept) and whether one of them holds NULL. A source's rows are then
+        deleted by equality exactly where their key is among these (NULL matching NULL), so a
+        reader may test membership itself. Else None (the per-set index applies)."""
+        plans = {frozenset(self._plan_for(tuple(s.deletes))[1].items()) for s in sources if s.deletes}
+        plans.discard(frozenset())
+        if len(plans) != 1:
+            return None
+        [plan] = plans
+        if len(plan) != 1:
+            return None
+        [(ids, applying)] = plan
+        if len(ids) != 1 or not pa.types.is_integer(self._types(ids)[0]):
+            return None
+        values, nulls = [_EMPTY], False
+        for _, table in self._key_parts(ids, applying):
+            column = table.column(0).combine_chunks()
+            nulls = nulls or column.null_count > 0
+            values.append(_as_int64(column.drop_null()))
+        return self._names[ids[0]], np.concatenate(values), nulls
 
     def _plan_for(self, applying: tuple[int, ...]) -> tuple[bool, dict[tuple[int, ...], frozenset[int]]]:
         plan = self._plans.get(applying)
@@ -245,8 +273,22 @@ class GroupDeletes:
 
     # equality deletes
 
+    def _types(self, ids: tuple[int, ...]) -> list[pa.DataType]:
+        return [schema_to_pyarrow(Schema(self._fields[i])).field(0).type for i in ids]
+
     def _build_index(self, ids: tuple[int, ...]) -> _KeyIndex:
-        types = [schema_to_pyarrow(Schema(self._fields[i])).field(0).type for i in ids]
+        types = self._types(ids)
+        parts = self._key_parts(ids, [i for i in range(len(self._deletes)) if self._keyed[i] == ids])
+        index = _IntegerKeys(parts, types) if len(ids) == 1 and _integer_like(types[0]) else _HashedKeys(parts, types)
+        del parts
+        pa.default_memory_pool().release_unused()  # the delete files' buffers: give the pages back
+        return index
+
+    def _key_parts(self, ids: tuple[int, ...], files: Iterable[int]) -> list[tuple[int, pa.Table]]:
+        """The key columns `ids` of the equality-delete files `files` (indices into the group's
+        deletes), in the table's types, 8 files at a time (small files: mostly opening them and
+        waiting on storage)."""
+        types = self._types(ids)
 
         def read(i: int) -> tuple[int, pa.Table]:
             path = self._deletes[i].path
@@ -258,13 +300,8 @@ class GroupDeletes:
             except (OSError, pa.ArrowException) as exc:
                 raise _unreadable(path, exc) from exc
 
-        keyed = [i for i in range(len(self._deletes)) if self._keyed[i] == ids]
-        with ThreadPoolExecutor(DELETE_READERS) as pool:  # small files: mostly opening and waiting on storage
-            parts = list(pool.map(read, keyed))
-        index = _IntegerKeys(parts, types) if len(ids) == 1 and _integer_like(types[0]) else _HashedKeys(parts, types)
-        del parts
-        pa.default_memory_pool().release_unused()  # the delete files' buffers: give the pages back
-        return index
+        with ThreadPoolExecutor(DELETE_READERS) as pool:
+            return list(pool.map(read, sorted(files)))
 
 
 _EMPTY = np.empty(0, dtype=np.int64)

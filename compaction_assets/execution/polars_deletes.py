@@ -60,7 +60,11 @@ def deleted_positions(
     by_name = dict(zip(target.names, physical, strict=True))
     wanted = [deletes.key_columns(s) if s.deletes and s.records else [] for s in sources]
     names = list(dict.fromkeys(n for w in wanted for n in w))
-    if names:
+    uniform = deletes.uniform_keys(sources) if names else None
+    if uniform is not None:  # the scan tests each row's key itself: a mask per source
+        name, keys, nulls = uniform
+        read = _key_columns(storage, sources, [by_name[name]], target, [name], footer_bytes, (keys, nulls))
+    elif names:
         read = _key_columns(storage, sources, [by_name[n] for n in names], target, names, footer_bytes)
     else:
         read = ((None, rows) for rows in _row_counts(storage.io, sources))
@@ -68,7 +72,14 @@ def deleted_positions(
     for source, keys, (batch, rows) in zip(sources, wanted, read, strict=True):
         if rows != source.records:
             raise ValueError(f"{source.path} has {rows} rows but its manifest entry says {source.records}")
-        mask = deletes.deleted(source, 0, rows, batch if keys else None) if source.deletes and rows else None
+        if not (source.deletes and rows):
+            mask = None
+        elif uniform is None:
+            mask = deletes.deleted(source, 0, rows, batch if keys else None)
+        else:
+            mask = deletes.deleted_by_position(source, 0, rows)
+            if keys:
+                mask = batch if mask is None else mask | batch
         positions.append(_NONE if mask is None else np.flatnonzero(mask).astype(np.int64))
     deletes.rows_deleted += sum(len(p) for p in positions)
     return positions
@@ -81,11 +92,21 @@ def _key_columns(
     target: pa.Schema,
     names: list[str],
     footer_bytes: int,
-) -> Iterator[tuple[pa.RecordBatch, int]]:
+    member: tuple[np.ndarray, bool] | None = None,
+) -> Iterator[tuple[pa.RecordBatch | np.ndarray, int]]:
     """Per source, in order: its `columns` as a batch named `names` in `target`'s types, and its
     row count. One Polars scan per window of sources (KEY_WINDOW_ROWS, KEY_WINDOW_BYTES and
-    KEY_WINDOW_DECODED)."""
+    KEY_WINDOW_DECODED). With `member` (keys as int64, whether NULL is one; one integer column):
+    instead of the batch, a bool per row, whether its key is one of them (NULL matching NULL)."""
     import polars as pl
+
+    if member is not None:
+        keys = pl.Series(member[0], dtype=pl.Int64)
+        if member[1]:
+            keys = keys.extend(pl.Series([None], dtype=pl.Int64))
+        wanted = [pl.col(columns[0]).cast(pl.Int64).is_in(keys.implode(), nulls_equal=True).alias(names[0])]
+    else:
+        wanted = [pl.col(c) for c in columns]
 
     start, ratio = 0, None  # ratio: the most decoded key bytes per source byte a window has held
     while start < len(sources):
@@ -108,15 +129,20 @@ def _key_columns(
                 storage_options=storage.options,
                 include_file_paths=FILE_COLUMN,
             )
-            read = frame.select([*columns, FILE_COLUMN]).collect()
+            read = frame.select([*wanted, FILE_COLUMN]).collect()
         files, lengths = _runs(read.get_column(FILE_COLUMN))
-        table = read.drop(FILE_COLUMN).to_arrow()
-        if table.nbytes:
-            ratio = max(ratio or 0.0, table.nbytes / max(size, 1))
-        arrays = [
-            table.column(c).cast(target.field(n).type).combine_chunks() for c, n in zip(columns, names, strict=True)
-        ]
-        batch = pa.RecordBatch.from_arrays(arrays, names=names)
+        read = read.drop(FILE_COLUMN)
+        if read.estimated_size():
+            ratio = max(ratio or 0.0, read.estimated_size() / max(size, 1))
+        if member is not None:
+            batch = read.get_column(names[0]).to_numpy()
+        else:
+            table = read.to_arrow()
+            arrays = [
+                table.column(c).cast(target.field(n).type).combine_chunks() for c, n in zip(columns, names, strict=True)
+            ]
+            batch = pa.RecordBatch.from_arrays(arrays, names=names)
+        del read
         counts = dict(zip(files, lengths, strict=True))
         if len(counts) != len(files) or not set(counts) <= set(paths):
             raise ValueError(
@@ -125,7 +151,7 @@ def _key_columns(
         offset = 0
         for path in paths:
             count = counts.get(path, 0)
-            yield batch.slice(offset, count), count
+            yield (batch[offset : offset + count] if member is not None else batch.slice(offset, count)), count
             offset += count
         start = end
 
