@@ -32,14 +32,17 @@ if TYPE_CHECKING:
 _NONE = np.empty(0, dtype=np.int64)
 FOOTER_READERS = 8  # footers read at once: small reads, mostly waiting on storage
 # The sources whose key columns one scan reads and holds (a few copies, as Polars, Arrow and cast):
-# at most this many rows (32 MB of longs), this many source bytes, and as many source bytes as
-# decode to about KEY_WINDOW_DECODED by the largest ratio of decoded key bytes to source bytes
-# seen so far (the first window is one source). Wide compressible string keys decode to many times
-# their source bytes: an outside attack held 234 MB of 2,000-character keys at a 930 MB peak with
-# the row bound alone, 619 MB with the source-bytes bound.
+# at most this many rows (32 MB of longs) and this many source bytes. Keys of variable width
+# (strings, binary) may decode to many times their source bytes (an outside attack held 234 MB of
+# 2,000-character keys at a 930 MB peak with the row bound alone): their first window is one
+# source, and each later one holds as many source bytes as decode to about KEY_WINDOW_DECODED by
+# the largest ratio of decoded key bytes to source bytes seen so far, and at most KEY_WINDOW_GROWTH
+# times the previous window's (a small first source, mostly footer, gave a ratio far too low:
+# a second attack's window decoded to 7x the bound).
 KEY_WINDOW_ROWS = 4_000_000
 KEY_WINDOW_BYTES = 64 * 1024 * 1024
 KEY_WINDOW_DECODED = 32 * 1024 * 1024
+KEY_WINDOW_GROWTH = 4
 # the key scan's file-path column: a group whose files have a column of this name takes the per-file path
 FILE_COLUMN = "__compaction_file"
 
@@ -108,9 +111,15 @@ def _key_columns(
     else:
         wanted = [pl.col(c) for c in columns]
 
-    start, ratio = 0, None  # ratio: the most decoded key bytes per source byte a window has held
+    variable = member is None and any(_variable_width(target.field(n).type) for n in names)
+    start, ratio, previous = 0, None, 0  # ratio: the most decoded key bytes per source byte a window has held
     while start < len(sources):
-        budget = 0 if ratio is None else min(KEY_WINDOW_BYTES, KEY_WINDOW_DECODED / ratio)
+        if not variable:
+            budget = KEY_WINDOW_BYTES
+        elif ratio is None:
+            budget = 0
+        else:
+            budget = min(KEY_WINDOW_BYTES, KEY_WINDOW_DECODED / ratio, KEY_WINDOW_GROWTH * previous)
         end, rows, size = start + 1, sources[start].records, sources[start].size
         while (
             end < len(sources) and rows + sources[end].records <= KEY_WINDOW_ROWS and size + sources[end].size <= budget
@@ -132,6 +141,7 @@ def _key_columns(
             read = frame.select([*wanted, FILE_COLUMN]).collect()
         files, lengths = _runs(read.get_column(FILE_COLUMN))
         read = read.drop(FILE_COLUMN)
+        previous = size
         if read.estimated_size():
             ratio = max(ratio or 0.0, read.estimated_size() / max(size, 1))
         if member is not None:
@@ -154,6 +164,17 @@ def _key_columns(
             yield (batch[offset : offset + count] if member is not None else batch.slice(offset, count)), count
             offset += count
         start = end
+
+
+def _variable_width(t: pa.DataType) -> bool:
+    return (
+        pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+        or pa.types.is_string_view(t)
+        or pa.types.is_binary_view(t)
+    )
 
 
 def _runs(files: pl.Series) -> tuple[list[str], list[int]]:
