@@ -167,14 +167,12 @@ def _key_columns(
 
 
 def _variable_width(t: pa.DataType) -> bool:
-    return (
-        pa.types.is_string(t)
-        or pa.types.is_large_string(t)
-        or pa.types.is_binary(t)
-        or pa.types.is_large_binary(t)
-        or pa.types.is_string_view(t)
-        or pa.types.is_binary_view(t)
-    )
+    """Strings and binary (equality keys are never nested): Arrow gives them no bit width."""
+    try:
+        t.bit_width  # noqa: B018 - raises for a type of no fixed width
+    except ValueError:
+        return True
+    return False
 
 
 def _runs(files: pl.Series) -> tuple[list[str], list[int]]:
