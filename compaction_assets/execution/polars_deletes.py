@@ -141,9 +141,10 @@ def _key_columns(
             read = frame.select([*wanted, FILE_COLUMN]).collect()
         files, lengths = _runs(read.get_column(FILE_COLUMN))
         read = read.drop(FILE_COLUMN)
-        previous = size
-        if read.estimated_size():
-            ratio = max(ratio or 0.0, read.estimated_size() / max(size, 1))
+        if variable:  # only variable-width keys are windowed by the decoded size
+            previous = size
+            if read.estimated_size():
+                ratio = max(ratio or 0.0, read.estimated_size() / max(size, 1))
         if member is not None:
             batch = read.get_column(names[0]).to_numpy()
         else:
