@@ -25,6 +25,7 @@ from pyiceberg.types import DoubleType, LongType, NestedField, StringType
 from compaction_assets.demo import append_fragments
 from compaction_assets.errors import ConfigError
 from compaction_assets.execution.external_sort import ExternalSort, SortSpec, spill_root
+from compaction_assets.execution.zorder import bits_per_column, interleave
 from compaction_assets.lake import ordinal
 from compaction_assets.lake.files import live_files
 from compaction_assets.planning.overlap import Clustering, bounds_overlap
@@ -155,6 +156,20 @@ def test_zorder_spilled_equals_zorder_in_memory_and_the_value_is_never_written(t
     assert a.schema == table.schema and key_rows(a, a.column_names) == key_rows(b, b.column_names)
     assert spilled.spill_files > 10 and in_memory.spill_files == 0
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5, 9, 20])
+def test_zorder_interleaves_bits_most_significant_first_as_one_bit_at_a_time_would(k):
+    bits = bits_per_column(k)
+    rng = np.random.default_rng(k)
+    columns = [rng.integers(0, 1 << bits, 2_000, dtype=np.uint64) for _ in range(k)]
+    columns[0][:2] = [0, (1 << bits) - 1]  # the extremes
+    expected = [0] * 2_000
+    for row in range(2_000):
+        for bit in range(bits - 1, -1, -1):
+            for column in columns:
+                expected[row] = (expected[row] << 1) | ((int(column[row]) >> bit) & 1)
+    assert interleave(columns, bits).tolist() == expected
 
 
 def test_the_spill_dir_is_removed_when_the_input_fails_or_the_consumer_stops(tmp_path):
