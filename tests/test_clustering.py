@@ -138,6 +138,26 @@ def test_external_sort_with_a_small_budget_spills_many_runs_and_sorts_as_pyarrow
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.parametrize("over", [1.1, 1.4, 1.9])
+@pytest.mark.parametrize("zorder", [False, True], ids=["keys", "zorder"])
+def test_a_group_just_over_the_budget_splits_into_ranges_of_about_equal_rows(tmp_path, over, zorder):
+    # the splitters were the sample's smallest and largest value when a run needed 3 ranges (1-1.5
+    # budgets): each split peeled a few rows off, the run was rewritten thousands of times, and the
+    # bench's 2 GB z-order group of 7 files ended in a RecursionError after minutes
+    table = typed_rows(40_000, seed=9)
+    spec = SortSpec(zorder=("i", "f")) if zorder else SortSpec(keys=(("f", "ascending"), ("i", "ascending")))
+    sorter = ExternalSort(spec, budget_bytes=int(table.nbytes / over), spill_dir=str(tmp_path))
+
+    out = pa.Table.from_batches(list(sorter.sorted(table.to_batches(4_000))))
+
+    assert rows_multiset(out) == rows_multiset(table)
+    if not zorder:
+        expected = table.take(pc.sort_indices(table, sort_keys=list(spec.keys)))
+        assert key_rows(out, ["f", "i"]) == key_rows(expected, ["f", "i"])
+    assert sorter.spill_files <= 8  # the input run, then one split's ranges (with NaN and null)
+    assert os.listdir(tmp_path) == []
+
+
 def test_external_sort_of_a_group_within_budget_stays_in_memory(tmp_path):
     table = typed_rows(1_000, seed=3)
     sorter = ExternalSort(SortSpec(keys=(("i", "ascending"),)), budget_bytes=64 * 1024 * 1024, spill_dir=str(tmp_path))

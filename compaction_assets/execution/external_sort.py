@@ -237,8 +237,8 @@ class ExternalSort:
         """Rows of `run` into key-range runs, in output order, each with whether its rows are all
         equal on `name` (the NaN and null runs)."""
         ranges = max(2, min(MAX_RANGES, -(-run.bytes * 2 // self.budget)))
-        if len(candidates) >= ranges:
-            at = np.linspace(0, len(candidates) - 1, ranges - 1).round().astype(int)
+        if len(candidates) >= ranges:  # the sample's quantiles: ranges of about equal rows
+            at = np.arange(1, ranges) * len(candidates) // ranges
             candidates = candidates.take(pa.array(np.unique(at)))
         main = len(candidates) + 1
         runs = [self._new_run() for _ in range(main + 2)]  # value ranges, then NaN, then null
