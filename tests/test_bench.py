@@ -94,6 +94,21 @@ def test_the_memory_group_on_s3_goes_through_the_server_and_keeps_its_rows(tmp_p
     assert not (tmp_path / "data" / "memory-s3-polars").exists()
 
 
+def test_the_memory_group_in_ours_process_measures_its_whole_tree(bench_root, ours, spark):
+    lines: list[str] = []
+    engine = bench_engine(bench_root, spark)
+    engine.catalog.create_namespace_if_not_exists(NAMESPACE)
+
+    result = memory.measure(engine, bench_root, "flat", "polars", 0.04, lines.append, "zorder", ours)
+
+    # 7 files of ~6 MiB sorted by z-value (the Arrow path) in one group, in ours' process (its
+    # Spark JVM and Python workers), whose summed RSS is more than its one worker's
+    assert (result["path"], result["order"]) == ("arrow", "zorder")
+    assert result["tree_peak_rss_bytes"] > result["worker_peak_rss_bytes"] > 0 and result["tree_peak_pss_bytes"] > 0
+    assert "rows identical" in lines[-1] and "whole tree" in lines[-1]
+    assert re.search(r" tree_peak_rss_mib=\d+ ", memory.report_lines([result])[0])
+
+
 @pytest.fixture(scope="module")
 def java(tmp_path_factory):
     if reason := iceberg_java.unavailable():

@@ -32,7 +32,8 @@ import click
 import pyarrow.parquet as pq
 from pyiceberg.transforms import IdentityTransform
 
-from compaction_assets.bench import datasets
+from compaction_assets.bench import datasets, footprint
+from compaction_assets.bench.ours_process import OursProcess
 from compaction_assets.bench.s3_paths import slow_s3
 from compaction_assets.config import load_config
 from compaction_assets.engine import Engine
@@ -44,6 +45,7 @@ FILE_BYTES = {"polars": 6 * MiB, "arrow": 40 * MiB}  # source file size that sen
 DISTINCT = 4  # distinct files per run, repeated up to the group size
 KINDS = ("flat", "typed", "wide")
 ORDERS = ("none", "sort", "zorder")  # how the group is ordered (flat rows' columns)
+OUTCOME_FIELDS = ("status", "reason", "engine", "kind", "groups", "files_written", "spill_files", "peak_worker_rss")
 
 
 def write_group(folder: Path, kind: str, gib: float, file_bytes: int) -> list[Path]:
@@ -76,9 +78,10 @@ def measure(
     gib: float = 2.0,
     log: Callable[[str], None] = print,
     order: str = "none",
+    ours: OursProcess | None = None,
 ) -> dict:
     """Rewrite one group of `gib` GiB of `kind` rows sized for `path` (sorted as `order` says:
-    flat rows only); the worker's peak RSS."""
+    flat rows only); the worker's peak RSS, and the whole tree's with `ours` (see compact_group)."""
     folder = root / "data" / f"memory-{kind}-{path}-{order}"
     sources = write_group(folder / "source", kind, gib, FILE_BYTES[path])
     bytes_in = sum(p.stat().st_size for p in sources)
@@ -95,7 +98,7 @@ def measure(
             with table.update_sort_order() as sort_order:
                 sort_order.asc("city", IdentityTransform()).desc("price", IdentityTransform())
         os.sync()
-        return compact_group(engine, name, kind, len(sources), bytes_in, log, order)
+        return compact_group(engine, name, kind, len(sources), bytes_in, log, order, ours)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -136,49 +139,76 @@ def compact_group(
     bytes_in: int,
     log: Callable[[str], None],
     order: str = "none",
+    ours: OursProcess | None = None,
 ) -> dict:
-    """Compact table `name` (one group), check its rows by content, log and return the figures."""
+    """Compact table `name` (one group), check its rows by content, log and return the figures.
+    With `ours` (our engine in a process of its own) the group is compacted there and the peak RSS
+    summed over its whole tree (that process, its Spark JVM and Python workers) is taken too;
+    else in this process, the worker's peak only."""
     expected = rows_digest(engine.catalog.load_table(name))
-    started = time.perf_counter()
-    [outcome] = engine.compact(name)
-    seconds = time.perf_counter() - started
+    tree = None
+    if ours is not None:
+        with footprint.TreePeak([ours.pid]) as tree:
+            answer = ours.compact(name)
+        seconds, [outcome] = answer.seconds, answer.outcomes
+    else:
+        started = time.perf_counter()
+        [compacted] = engine.compact(name)
+        seconds = time.perf_counter() - started
+        outcome = {k: getattr(compacted, k) for k in OUTCOME_FIELDS}
     identical = rows_digest(engine.catalog.load_table(name)) == expected
-    sorted_by = f" sorted ({order}, {outcome.spill_files} spill runs)" if order != "none" else ""
+    sorted_by = f" sorted ({order}, {outcome['spill_files']} spill runs)" if order != "none" else ""
+    whole = f", whole tree {tree.peak / MiB:.0f} MiB (PSS {tree.peak_pss / MiB:.0f})" if tree else ""
     log(
-        f"[memory] {kind} via {outcome.engine}{sorted_by}: one group of {bytes_in / 1e9:.2f} GB "
-        f"({files} files of {bytes_in / files / MiB:.0f} MiB -> {outcome.files_written}): {seconds:.1f}s, "
-        f"worker peak RSS {outcome.peak_worker_rss / MiB:.0f} MiB, rows {'identical' if identical else 'DIFFERENT'}"
+        f"[memory] {kind} via {outcome['engine']}{sorted_by}: one group of {bytes_in / 1e9:.2f} GB "
+        f"({files} files of {bytes_in / files / MiB:.0f} MiB -> {outcome['files_written']}): {seconds:.1f}s, "
+        f"worker peak RSS {outcome['peak_worker_rss'] / MiB:.0f} MiB{whole}, "
+        f"rows {'identical' if identical else 'DIFFERENT'}"
     )
-    if outcome.status != "committed" or not identical or (order != "none" and outcome.kind != "major"):
-        raise RuntimeError(f"bench: the {kind} memory group did not compact cleanly: {outcome.reason}")
+    if outcome["status"] != "committed" or not identical or (order != "none" and outcome["kind"] != "major"):
+        raise RuntimeError(f"bench: the {kind} memory group did not compact cleanly: {outcome['reason']}")
     return {
         "kind": kind,
-        "path": outcome.engine,
+        "path": outcome["engine"],
         "order": order,
-        "spill_files": outcome.spill_files,
+        "spill_files": outcome["spill_files"],
         "group_bytes": bytes_in,
+        "groups": outcome["groups"],
         "seconds": seconds,
-        "worker_peak_rss_bytes": outcome.peak_worker_rss,
+        "worker_peak_rss_bytes": outcome["peak_worker_rss"],
+        "tree_peak_rss_bytes": tree.peak if tree else None,
+        "tree_peak_pss_bytes": tree.peak_pss if tree else None,
     }
 
 
-def measure_all(engine: Engine, root: Path, kinds: list[str], gib: float, log: Callable[[str], None]) -> list[dict]:
+def measure_all(
+    engine: Engine,
+    root: Path,
+    kinds: list[str],
+    gib: float,
+    log: Callable[[str], None],
+    ours: OursProcess | None = None,
+) -> list[dict]:
     """`measure` for every kind of `kinds`, on each rewrite path."""
-    return [measure(engine, root, kind, path, gib, log) for kind in kinds for path in FILE_BYTES]
+    return [measure(engine, root, kind, path, gib, log, ours=ours) for kind in kinds for path in FILE_BYTES]
 
 
 def report_lines(results: list[dict]) -> list[str]:
     return [
         f"memory dataset={r['kind']} path={r['path']}"
         + (f" sort={r['order']}" if r.get("order", "none") != "none" else "")
-        + f" peak_rss_mb={r['worker_peak_rss_bytes'] / MiB:.0f} group_gb={r['group_bytes'] / 1e9:.2f}"
+        + f" peak_rss_mb={r['worker_peak_rss_bytes'] / MiB:.0f}"
+        + (f" tree_peak_rss_mib={r['tree_peak_rss_bytes'] / MiB:.0f}" if r.get("tree_peak_rss_bytes") else "")
+        + f" group_gb={r['group_bytes'] / 1e9:.2f}"
         for r in results
     ]
 
 
-def measure_sorted(engine: Engine, root: Path, gib: float, log: Callable[[str], None]) -> list[dict]:
+def measure_sorted(
+    engine: Engine, root: Path, gib: float, log: Callable[[str], None], ours: OursProcess | None = None
+) -> list[dict]:
     """The flat group sorted by a sort order and by z-order (issue 20)."""
-    return [measure(engine, root, "flat", "arrow", gib, log, order) for order in ORDERS[1:]]
+    return [measure(engine, root, "flat", "arrow", gib, log, order, ours) for order in ORDERS[1:]]
 
 
 @click.command()
@@ -190,20 +220,26 @@ def main(kinds: tuple[str, ...], gib: float, orders: tuple[str, ...], on_s3: boo
     from compaction_assets.bench.run import bench_config
 
     root = Path(tempfile.mkdtemp(prefix="compaction-memory-"))
+    ours = None
     try:
-        config = load_config(bench_config(root))
-        spark = spark_session(config.spark)
-        engine = Engine(config, spark=lambda: spark)
+        config_path = bench_config(root)
+        config = load_config(config_path)
+        engine = Engine(config, spark=lambda: spark_session(config.spark))
         engine.catalog.create_namespace_if_not_exists("bench")
         if on_s3:
+            spark = spark_session(config.spark)
             results = [measure_s3(spark, root, path, gib, click.echo) for path in FILE_BYTES]
-        elif set(orders) - {"none"}:
-            results = [measure(engine, root, "flat", "arrow", gib, click.echo, order) for order in orders]
         else:
-            results = measure_all(engine, root, list(kinds or KINDS), gib, click.echo)
+            ours = OursProcess(config_path)  # the group compacted there: the whole tree is measured
+            if set(orders) - {"none"}:
+                results = [measure(engine, root, "flat", "arrow", gib, click.echo, order, ours) for order in orders]
+            else:
+                results = measure_all(engine, root, list(kinds or KINDS), gib, click.echo, ours)
         for line in report_lines(results):
             click.echo(line)
     finally:
+        if ours is not None:
+            ours.close()
         shutil.rmtree(root, ignore_errors=True)
 
 

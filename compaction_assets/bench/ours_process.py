@@ -26,7 +26,7 @@ class Compacted:
     """One `compact` request's answer: seconds inside the child and each partition's outcome."""
 
     seconds: float
-    outcomes: list[dict] = field(default_factory=list)  # status, reason, phases, engine, peak_worker_rss
+    outcomes: list[dict] = field(default_factory=list)  # status, reason, phases, engine, peak_worker_rss, kind, ...
 
     def failed(self) -> list[dict]:
         return [o for o in self.outcomes if o["status"] != "committed"]
@@ -141,4 +141,8 @@ def _outcome(outcome) -> dict:  # noqa: ANN001 - an engine PartitionOutcome
         "phases": dict(outcome.phases),
         "engine": outcome.engine,
         "peak_worker_rss": outcome.peak_worker_rss,
+        "kind": outcome.kind,
+        "groups": outcome.groups,
+        "files_written": outcome.files_written,
+        "spill_files": outcome.spill_files,
     }

@@ -40,7 +40,6 @@ from compaction_assets.bench.ours_process import OursProcess
 from compaction_assets.config import load_config
 from compaction_assets.engine import Engine, describe_phases
 from compaction_assets.execution.spark import spark_session
-from compaction_assets.lake.digest import rows_digest
 
 MiB = 1024 * 1024
 TARGET = 128 * MiB
@@ -234,8 +233,11 @@ def _check(dataset: Dataset, result: contenders.Result) -> None:
         raise RuntimeError(f"bench: {result.contender} changed the rows of {dataset.name}")
 
 
-def memory_group(engine: Engine, root: Path, log: Callable[[str], None], gib: float = 2.0) -> dict:
-    """Rewrite one group of `gib` GiB (one output file) and report the worker's peak RSS."""
+def memory_group(
+    engine: Engine, root: Path, log: Callable[[str], None], gib: float = 2.0, ours: OursProcess | None = None
+) -> dict:
+    """Rewrite one group of `gib` GiB (one output file): the worker's peak RSS, and with `ours` the
+    whole tree's (memory.compact_group)."""
     files = max(6, round(gib * 1024**3 / 29.5e6))  # a 1M-row file of these rows is ~29.5 MB
     dataset = Dataset("large", files, 1_000_000)
     folder = root / "data" / dataset.name
@@ -244,31 +246,9 @@ def memory_group(engine: Engine, root: Path, log: Callable[[str], None], gib: fl
     bytes_in = sum(p.stat().st_size for p in sources)
     name = f"{NAMESPACE}.large"
     # a target above the whole group: the planner packs every file into one group, one output file
-    props = {
-        "compaction.target-file-size-bytes": str(bytes_in + 256 * MiB),
-        "compaction.max-group-bytes": str(2 * bytes_in + 256 * MiB),
-    }
-    table = datasets.iceberg_table(engine.catalog, name, sources, props)
-    expected = rows_digest(table)
+    datasets.iceberg_table(engine.catalog, name, sources, memory.one_group(bytes_in))
     os.sync()
-    started = time.perf_counter()
-    outcomes = engine.compact(name)
-    seconds = time.perf_counter() - started
-    outcome = outcomes[0]
-    identical = rows_digest(engine.catalog.load_table(name)) == expected
-    log(
-        f"[memory] one group of {bytes_in / 1e9:.2f} GB ({outcome.groups} group, {files} -> {outcome.files_written} "
-        f"file): {seconds:.1f}s, {bytes_in / 1e6 / seconds:.0f} MB/s, worker peak RSS "
-        f"{outcome.peak_worker_rss / MiB:.0f} MiB, rows {'identical' if identical else 'DIFFERENT'}"
-    )
-    if outcome.status != "committed" or not identical:
-        raise RuntimeError(f"bench: the large group did not compact cleanly: {outcome.reason}")
-    return {
-        "group_bytes": bytes_in,
-        "groups": outcome.groups,
-        "seconds": seconds,
-        "worker_peak_rss_bytes": outcome.peak_worker_rss,
-    }
+    return memory.compact_group(engine, name, "flat", files, bytes_in, log, ours=ours)
 
 
 def commits_per_table(engine: Engine, log: Callable[[str], None], partitions: int = 50) -> dict:
@@ -353,18 +333,21 @@ def run_bench(
                 log(f"[{dataset.name}] load average {footprint.load_average()}")
                 clear_runs(root / "data" / dataset.name)  # the next pass reuses the source files
             shutil.rmtree(root / "data" / dataset.name, ignore_errors=True)
-        for peer in (java, ours):
-            if peer is not None:
-                peer.close()
-        java = ours = None
-        if large_gib:
-            report.extras["memory"] = memory_group(engine, root, log, large_gib)
-            paths = [memory.measure(engine, root, "flat", "polars", large_gib, log)]
-            report.extras["memory_paths"] = paths + memory.measure_all(engine, root, ["typed", "wide"], large_gib, log)
-            report.extras["memory_paths"] += memory.measure_sorted(engine, root, large_gib, log)
+        if java is not None:
+            java.close()
+            java = None
+        if large_gib:  # in ours' own process, as the datasets were: its whole tree is measured
+            ours = ours or start_ours(config_path, engine, log)
+            report.extras["memory"] = memory_group(engine, root, log, large_gib, ours)
+            paths = [memory.measure(engine, root, "flat", "polars", large_gib, log, ours=ours)]
+            paths += memory.measure_all(engine, root, ["typed", "wide"], large_gib, log, ours)
+            report.extras["memory_paths"] = paths + memory.measure_sorted(engine, root, large_gib, log, ours)
             on_s3 = [memory.measure_s3(spark, root, path, large_gib, log) for path in memory.FILE_BYTES]
             report.extras["memory_paths"] += on_s3
             shutil.rmtree(root / "data", ignore_errors=True)
+        if ours is not None:
+            ours.close()
+            ours = None
         report.extras["commits"] = commits_per_table(engine, log)
         spark.stop()
         if runs:
@@ -390,7 +373,8 @@ def run_bench(
                 + (f"; ours/spark-dataframe {d.seconds('ours') / spark_df:.2f}" if spark_df else "")
             )
     if flat := report.extras.get("memory"):
-        log(f"peak_rss_mb={flat['worker_peak_rss_bytes'] / MiB:.0f} group_gb={flat['group_bytes'] / 1e9:.2f}")
+        tree = f" tree_peak_rss_mib={flat['tree_peak_rss_bytes'] / MiB:.0f}" if flat.get("tree_peak_rss_bytes") else ""
+        log(f"peak_rss_mb={flat['worker_peak_rss_bytes'] / MiB:.0f}{tree} group_gb={flat['group_bytes'] / 1e9:.2f}")
     for line in memory.report_lines(report.extras.get("memory_paths", [])):
         log(line)
     if cost := report.extras.get("fixed_cost"):
