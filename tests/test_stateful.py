@@ -19,6 +19,7 @@ STATEFUL_STORAGE=s3 runs the same machine with each history's warehouse on the l
 
 import os
 import time
+from collections import Counter
 
 from hypothesis import HealthCheck, seed, settings
 from hypothesis.stateful import run_state_machine_as_test
@@ -54,3 +55,30 @@ def test_random_table_histories_keep_every_row(spark, tmp_path, request):
     finally:
         TableHistory.s3 = None
         print(f"\nstateful figures (storage={STORAGE}):\n{FIGURES.summary()}")
+
+
+class MergeOnReadHistory(TableHistory):
+    """TableHistory with only other engines' appends and deletes (equality and position), the
+    merge-on-read tunings and our compaction, plain and raced: the full machine reached our Polars
+    rewrite with equality deletes live once in its 20 histories. Schema and spec changes (which
+    send groups to the Arrow path), sorting, expiry, rollbacks, GC, crashes and manifest rewrites
+    are the other test's."""
+
+    evolve_schema = evolve_spec = set_clustering = tune_expiration = expire_rows_now = None
+    roll_back_main_by_another_engine = drop_data_file_by_another_engine = None
+    expire_snapshots_by_another_engine = our_gc = our_gc_crashing = rewrite_manifests = None
+    tune_full_optimizing = tune_max_file_size = compact_and_crash = None
+
+
+def test_merge_on_read_histories_apply_equality_deletes_on_the_polars_path(spark, tmp_path):
+    """Rows equal the oracle after every step, and the figures show equality deletes applied by the
+    Polars rewrite (the uniform-key fast path among them: keys on `id` or `cat`, both integers)."""
+    if STORAGE == "s3":
+        return  # the histories above cover S3
+    TableHistory.spark, TableHistory.root = spark, tmp_path
+    before = Counter(FIGURES.outcomes)
+    examples = int(os.environ.get("STATEFUL_MOR_EXAMPLES", "10"))
+    run_state_machine_as_test(MergeOnReadHistory, settings=settings(CI, max_examples=examples, stateful_step_count=20))
+    reached = Counter(FIGURES.outcomes) - before
+    print(f"\nmerge-on-read histories: {dict(reached)}")
+    assert reached["equality deletes live, deletes applied by polars"] >= 3, dict(reached)

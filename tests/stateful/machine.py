@@ -76,6 +76,7 @@ from compaction_assets.engine import Engine
 from compaction_assets.errors import CompactionError
 from compaction_assets.lake.files import live_files
 from compaction_assets.lake.manifest_cache import live_entries
+from compaction_assets.lake.partition_key import render_partition
 from compaction_assets.local_s3 import LocalS3
 from tests.conftest import write_config
 from tests.lakekit.deletes import (
@@ -455,7 +456,9 @@ class TableHistory(RuleBasedStateMachine):
     # ----------------------------------------------------------------- our engine
 
     def _compact(self, partition_pick: int | None) -> None:
-        self.seen.update((f.file_path, f) for f in self._live_data_files(self.table()))
+        table = self.table()
+        self.seen.update((f.file_path, f) for f in self._live_data_files(table))
+        equality = self._partitions_with_equality_deletes(table)
         partition = None
         if partition_pick is not None:
             todo = self.engine.plan(TABLE).to_compact
@@ -475,8 +478,20 @@ class TableHistory(RuleBasedStateMachine):
                 FIGURES.outcomes[f"rewritten by {outcome.engine or 'none'}"] += 1
                 if outcome.rows_deleted:  # merge-on-read: which path applied the deletes
                     FIGURES.outcomes[f"deletes applied by {outcome.engine}"] += 1
+                    if outcome.partition_key in equality:
+                        FIGURES.outcomes[f"equality deletes live, deletes applied by {outcome.engine}"] += 1
             elif outcome.kind == "old-spec":  # e.g. a raced equality delete in the old partition
                 FIGURES.outcomes[f"{outcome.status} old-spec"] += 1
+
+    @staticmethod
+    def _partitions_with_equality_deletes(table: Table) -> set[str]:
+        """The partition keys (as outcomes name them) holding a live equality-delete file."""
+        specs, schema, current = table.specs(), table.schema(), table.spec().spec_id
+        return {
+            render_partition(specs[f.data_file.spec_id], schema, f.data_file.partition, current)
+            for f in live_files(table)
+            if f.data_file.content == DataFileContent.EQUALITY_DELETES
+        }
 
     def _settle_expirations(self) -> None:
         """Account in the oracle for every expire snapshot that landed: each new expire attempt is
