@@ -154,7 +154,37 @@ def test_a_group_just_over_the_budget_splits_into_ranges_of_about_equal_rows(tmp
     if not zorder:
         expected = table.take(pc.sort_indices(table, sort_keys=list(spec.keys)))
         assert key_rows(out, ["f", "i"]) == key_rows(expected, ["f", "i"])
-    assert sorter.spill_files <= 8  # the input run, then one split's ranges (with NaN and null)
+    # the input run, then one split (the z-value adds a column): each row written to disk twice
+    assert sorter.spilled_bytes <= 2.5 * table.nbytes
+    assert os.listdir(tmp_path) == []
+
+
+def _one_value_holding_most_rows(where: str, rows: int = 1_000_000, others: int = 20_000) -> pa.Table:
+    rng = np.random.default_rng(4)
+    rest = rng.permutation(np.arange(1, others + 1)) * 10
+    value = {"lowest": 0, "middle": others * 5 + 5, "highest": (others + 1) * 10}[where]
+    keys = np.concatenate([np.full(rows - others, value), rest])
+    rng.shuffle(keys)
+    return pa.table({"k": keys.astype(np.int64), "p": np.arange(rows)})
+
+
+@pytest.mark.parametrize("others", [20_000, 500], ids=["2%-distinct", "500-rare"])
+@pytest.mark.parametrize("where", ["lowest", "middle", "highest"])
+@pytest.mark.parametrize("zorder", [False, True], ids=["keys", "zorder"])
+def test_a_value_holding_most_rows_is_split_off_at_once(tmp_path, where, others, zorder):
+    # found by an outside attack: splitters from the sample's distinct values (or its ends only)
+    # split such a value off a little at a time, the run written again at every split (a 122 MiB
+    # group: 45 times its size to disk); rare values the sample missed were peeled off one by one
+    table = _one_value_holding_most_rows(where, others=others)
+    spec = SortSpec(zorder=("k",)) if zorder else SortSpec(keys=(("k", "ascending"),))
+    sorter = ExternalSort(spec, budget_bytes=int(table.nbytes / 1.1), spill_dir=str(tmp_path))
+
+    out = pa.Table.from_batches(list(sorter.sorted(table.to_batches(65_536))))
+
+    assert out.num_rows == table.num_rows and sorted(out.column("p").to_pylist()) == list(range(table.num_rows))
+    if not zorder:
+        assert out.column("k").to_pylist() == sorted(table.column("k").to_pylist())
+    assert sorter.spilled_bytes <= 2.5 * table.nbytes  # each row to disk twice: the input run, one split
     assert os.listdir(tmp_path) == []
 
 

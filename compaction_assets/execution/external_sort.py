@@ -3,10 +3,11 @@
 A group that fits the budget (Arrow bytes) is sorted in memory. A larger one is spilled as it is
 read into one run on local disk (Spark's local dir, else the temp dir), then split by key range:
 a pass over the run samples its first sort column (and its smallest and largest value), splitter
-values are taken from the sample's quantiles, and a second pass sends each row to the run of its
-range (one vectorised `take` per batch). Each range run is sorted the same way, in memory once it
-fits the budget, so a range that stays too large (a skewed value) is split again, and a range
-whose rows all share the column's value is split on the next sort column; a range equal on every
+values are the sample's quantiles over its rows (`Splitters`: a value that fills a range's share
+of the sample gets a run of its own), and a second pass sends each row to the run of its range
+(one vectorised `take` per batch). Each range run is sorted the same way, in memory once it fits
+the budget, so a range that stays too large is split again, and a run whose rows all share the
+column's value (a heavy value's) is split on the next sort column; a range equal on every
 key is written as it is. Ranges come out in key order: ascending or descending as the column's
 direction says, then NaN, then null (pyarrow's order with nulls at the end). So memory holds at
 most about twice the budget (a range and its sorted copy), whatever the group's size; no row is
@@ -43,7 +44,8 @@ from compaction_assets.lake import ordinal
 from compaction_assets.planning.policy import DEFAULT_SORT_MEMORY
 
 SAMPLE_ROWS = 20_000  # sampled from a run (at most about this many) when choosing its splitters
-MAX_RANGES = 128  # runs one split writes at once (a 2 GB Parquet group is ~4 GB of Arrow: ~32 MiB each)
+MAX_RANGES = 128  # ranges of one split (a 2 GB Parquet group is ~4 GB of Arrow: ~32 MiB each); with
+# heavy values' buckets and the ends, a split writes at most 3 * MAX_RANGES + 4 runs at once
 OUTPUT_ROWS = 65_536  # rows per batch handed on
 Z_COLUMN = "_compaction_zorder_value"
 
@@ -186,13 +188,14 @@ class ExternalSort:
             run.delete()
             return
         name, direction = self._keys[level]
-        sample = self._survey(run, name, transform)
-        if sample is None:  # every row equal on this key
+        ranges = max(2, min(MAX_RANGES, -(-run.bytes * 2 // self.budget)))
+        splitters = self._survey(run, name, transform, ranges)
+        if splitters is None:  # every row equal on this key
             yield from self._emit(run, level + 1, transform)
             return
-        ranges = self._split(run, name, direction, sample, transform)
+        buckets = self._split(run, name, direction, splitters, transform)
         run.delete()
-        for bucket, equal in ranges:
+        for bucket, equal in buckets:
             yield from self._emit(bucket, level + 1 if equal else level, None)
 
     def _output(self, rows: pa.Table | pa.RecordBatch) -> Iterator[pa.RecordBatch]:
@@ -200,9 +203,10 @@ class ExternalSort:
             rows = rows.drop_columns([Z_COLUMN])
         yield from rows.to_batches(OUTPUT_ROWS) if isinstance(rows, pa.Table) else [rows]
 
-    def _survey(self, run: _Run, name: str, transform: Transform) -> pa.Array | None:
-        """Sorted distinct splitter candidates of column `name` (a random sample plus its smallest
-        value), or None when the run cannot be split on it (every row equal: one value, all NaN or all null)."""
+    def _survey(self, run: _Run, name: str, transform: Transform, ranges: int) -> Splitters | None:
+        """Splitters of column `name` into about `ranges` ranges of equal rows (see Splitters), from
+        a random sample of its values and its smallest and largest value; None when the run cannot
+        be split on it (every row equal: one value, all NaN or all null)."""
         picked: list[pa.Array] = []
         share = min(1.0, SAMPLE_ROWS / max(run.rows, 1))
         low = high = None
@@ -225,28 +229,21 @@ class ExternalSort:
         if len(kinds) < 2 and not spread:
             return None
         if low is None:  # NaN and null only: they split apart without splitters
-            return pa.array([])
-        candidates = pa.concat_arrays([*picked, pa.array([low.as_py()], type=low.type)])
-        candidates = pc.unique(candidates)
-        candidates = candidates.filter(pc.less(candidates, high))  # the largest value splits off nothing
-        return candidates.take(pc.sort_indices(candidates))
+            return Splitters(pa.array([]), pa.array([]))
+        return Splitters.from_sample(pa.concat_arrays(picked), low, high, ranges)
 
     def _split(
-        self, run: _Run, name: str, direction: str, candidates: pa.Array, transform: Transform
+        self, run: _Run, name: str, direction: str, splitters: Splitters, transform: Transform
     ) -> list[tuple[_Run, bool]]:
         """Rows of `run` into key-range runs, in output order, each with whether its rows are all
-        equal on `name` (the NaN and null runs)."""
-        ranges = max(2, min(MAX_RANGES, -(-run.bytes * 2 // self.budget)))
-        if len(candidates) >= ranges:  # the sample's quantiles: ranges of about equal rows
-            at = np.arange(1, ranges) * len(candidates) // ranges
-            candidates = candidates.take(pa.array(np.unique(at)))
-        main = len(candidates) + 1
-        runs = [self._new_run() for _ in range(main + 2)]  # value ranges, then NaN, then null
+        equal on `name` (a heavy value's, the NaN and the null run)."""
+        main = splitters.buckets
+        runs = [self._new_run() for _ in range(main + 2)]  # value buckets, then NaN, then null
         for batch in run.batches():
             if transform:
                 batch = transform(batch)
             column = _comparable(batch.column(name))
-            ids = _range_ids(column, candidates)
+            ids = splitters.bucket_ids(column)
             ids[ordinal.is_nan(column)] = main
             ids[np.asarray(column.is_null(), dtype=bool)] = main + 1
             order = np.argsort(ids, kind="stable")
@@ -259,30 +256,87 @@ class ExternalSort:
                 start = end
         for r in runs:
             self._account(r)
-        values = runs[:main] if direction == "ascending" else runs[main - 1 :: -1]
-        ordered = [(r, False) for r in values] + [(runs[main], True), (runs[main + 1], True)]
+        equal = splitters.equal_buckets()
+        values = [(r, k in equal) for k, r in enumerate(runs[:main])]
+        if direction != "ascending":
+            values.reverse()
+        ordered = [*values, (runs[main], True), (runs[main + 1], True)]
         kept = []
-        for r, equal in ordered:
+        for r, same in ordered:
             if r.rows:
-                kept.append((r, equal))
+                kept.append((r, same))
             else:
                 r.delete()
         return kept
 
 
-def _range_ids(column: pa.Array, splitters: pa.Array) -> np.ndarray:
-    """For each value, how many (ascending) splitters it is greater than (nulls and NaN: any).
-    Numbers and temporals by a binary search on their order-preserving keys, which are exact for
-    them (lake/ordinal.py); strings, binary and decimals by one comparison per splitter."""
+@dataclass(frozen=True)
+class Splitters:
+    """How one split sends values to buckets, in ascending order: `values` (sorted, distinct) cut
+    the range (a bucket takes the values above one and up to the next), and each of `heavy` (some
+    of `values`) gets a bucket of its own holding only rows equal to it.
+
+    Splitters are the sample's quantiles over its rows, so ranges hold about equal rows; a value
+    that fills a good part of a range in the sample is heavy, so its rows leave the range at once
+    and go on to the next sort key, however many there are: a value that quantiles of the distinct
+    values would miss (one of ~1,000 in the sample holding 95% of the rows) was otherwise split off
+    a little at a time, the run written again at every split. The run's smallest and largest value
+    are always splitters: no bucket holds every row."""
+
+    values: pa.Array
+    heavy: pa.Array
+
+    @classmethod
+    def from_sample(cls, sample: pa.Array, low: pa.Scalar, high: pa.Scalar, ranges: int) -> Splitters:
+        """Splitters for about `ranges` ranges: the sample's quantiles over its rows, its values
+        that fill a range's share of it (at most `ranges` of them: heavy), the run's ends."""
+        ordered = sample.take(pc.sort_indices(sample))
+        at = np.arange(1, ranges, dtype=np.int64) * len(ordered) // ranges if len(ordered) else []
+        counts = pc.value_counts(ordered)
+        share = max(2, len(ordered) // ranges)
+        heavy = counts.field("values").filter(pc.greater_equal(counts.field("counts"), share))
+        ends = pa.array([low.as_py(), high.as_py()], type=low.type)
+        values = pa.concat_arrays([ordered.take(pa.array(at, pa.int64())), heavy, ends])
+        return cls(_sorted_distinct(values), _sorted_distinct(heavy))
+
+    @property
+    def buckets(self) -> int:
+        return len(self.values) + len(self.heavy) + 1
+
+    def bucket_ids(self, column: pa.Array) -> np.ndarray:
+        """Each value's bucket: how many splitters it is above, plus how many heavy values it is at
+        or above (NaN and null: any)."""
+        return _count_below(column, self.values, strict=True) + _count_below(column, self.heavy, strict=False)
+
+    def equal_buckets(self) -> set[int]:
+        """The buckets holding one heavy value's rows."""
+        if not len(self.heavy):
+            return set()
+        return set(self.bucket_ids(self.heavy).tolist())
+
+
+def _count_below(column: pa.Array, splitters: pa.Array, strict: bool) -> np.ndarray:
+    """For each value, how many (ascending) splitters are below it (`strict`), or at or below it
+    (nulls and NaN: any). Numbers and temporals by a binary search on their order-preserving keys,
+    which are exact for them (lake/ordinal.py); strings, binary and decimals by one comparison per
+    splitter."""
     t = column.type
+    if not len(splitters):
+        return np.zeros(len(column), dtype=np.int64)
     if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_temporal(t) or pa.types.is_boolean(t):
         keys, _ = ordinal.ordinals(column)
         bounds, _ = ordinal.ordinals(splitters.cast(t))
-        return np.searchsorted(bounds, keys, side="left").astype(np.int64)
+        return np.searchsorted(bounds, keys, side="left" if strict else "right").astype(np.int64)
+    above = pc.greater if strict else pc.greater_equal
     ids = np.zeros(len(column), dtype=np.int64)
     for value in splitters:
-        ids += np.asarray(pc.greater(column, value).fill_null(False), dtype=np.int64)
+        ids += np.asarray(above(column, value).fill_null(False), dtype=np.int64)
     return ids
+
+
+def _sorted_distinct(values: pa.Array) -> pa.Array:
+    distinct = pc.unique(values)
+    return distinct.take(pc.sort_indices(distinct))
 
 
 def _sorted_table(table: pa.Table, keys: tuple[tuple[str, str], ...]) -> pa.Table:
