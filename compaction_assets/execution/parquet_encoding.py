@@ -38,18 +38,19 @@ def dictionary_columns(table: pa.Table, limit_bytes: int) -> list[str]:
 
 
 def _repeats(column: pa.ChunkedArray, limit_bytes: int) -> bool:
-    if len(column) > SAMPLE_ROWS:  # every k-th row: a sorted column's neighbours would all be alike
-        column = column.take(np.linspace(0, len(column) - 1, SAMPLE_ROWS).astype(np.int64))
-    valid = len(column) - column.null_count
-    if valid == 0:
-        return True  # all null: nothing to encode either way
     if isinstance(column.type, pa.BaseExtensionType):  # a uuid: its 16 bytes
         column = pa.chunked_array([c.storage for c in column.chunks], column.type.storage_type)
     try:
+        if len(column) > SAMPLE_ROWS:  # every k-th row: a sorted column's neighbours would all be alike
+            column = column.take(np.linspace(0, len(column) - 1, SAMPLE_ROWS).astype(np.int64))
         distinct = pc.count_distinct(column).as_py()
-        width = max(1, column.type.bit_width // 8)
-    except pa.ArrowNotImplementedError:  # no distinct count for this type: pyarrow's default
+    except pa.ArrowNotImplementedError:  # no take or distinct count for this type (string_view): pyarrow's default
         return True
+    valid = len(column) - column.null_count
+    if valid == 0:
+        return True  # all null: nothing to encode either way
+    try:
+        width = max(1, column.type.bit_width // 8)
     except ValueError:  # no fixed width (strings, binary): their average length
         width = max(1, column.nbytes // valid)
     return distinct * REPEATS <= valid and distinct * width <= limit_bytes
