@@ -6,7 +6,14 @@ import os
 
 import pytest
 
-from compaction_assets.execution.spark import OMP_THREADS_CONF, worker_threads
+from compaction_assets.config import SparkConfig
+from compaction_assets.execution.spark import (
+    JVM_FOOTPRINT,
+    LOCAL_DEFAULTS,
+    OMP_THREADS_CONF,
+    spark_conf,
+    worker_threads,
+)
 
 
 @pytest.mark.parametrize(
@@ -36,3 +43,12 @@ def test_python_workers_of_a_local_session_use_its_cores(spark) -> None:  # noqa
     # Spark alone would set OMP_NUM_THREADS=1 in local mode: one Arrow thread per worker.
     seen = set(spark.sparkContext.parallelize(range(2), 2).mapPartitions(_arrow_threads).collect())
     assert seen == {("2", 2)}
+
+
+def test_a_local_sessions_jvm_runs_with_the_small_footprint_options(spark) -> None:  # noqa: ANN001
+    arguments = list(
+        spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments()
+    )
+    assert set(JVM_FOOTPRINT.split()) <= set(arguments), arguments
+    connect = SparkConfig(mode="connect", remote="sc://127.0.0.1:1")
+    assert JVM_FOOTPRINT not in str(spark_conf(connect)) and "XX" not in LOCAL_DEFAULTS["spark.driver.extraJavaOptions"]

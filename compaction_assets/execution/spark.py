@@ -25,19 +25,18 @@ from compaction_assets.errors import CompactionError
 
 # Defaults suited to compaction jobs in local mode; anything in compaction.yaml's spark.conf wins.
 LOG4J2 = Path(__file__).with_name("log4j2.properties")  # errors only: no WARN lines in the CLI's output
-# The JVM of a compaction job only schedules tasks: rows go through the Python workers. So a small
-# footprint: the serial collector (no G1 remembered sets or concurrent threads), C1 only (no C2
-# compiler arenas), and a heap that starts small and gives back what it does not use. The bench's
-# ours JVM on "sorted" and "mor": 332-338 -> 243-254 MiB peak RSS, no slower (bench/footprint.py).
-JVM_FOOTPRINT = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Xms64m -XX:MinHeapFreeRatio=10 -XX:MaxHeapFreeRatio=30"
 LOCAL_DEFAULTS = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.shuffle.partitions": "8",
-    "spark.driver.extraJavaOptions": (
-        f"-Dderby.system.home=/tmp -Dlog4j2.configurationFile=file://{LOG4J2} {JVM_FOOTPRINT}"
-    ),
+    "spark.driver.extraJavaOptions": f"-Dderby.system.home=/tmp -Dlog4j2.configurationFile=file://{LOG4J2}",
 }
+# A local run's JVM only schedules our tasks: rows go through the Python workers. So a small
+# footprint: the serial collector (no G1 remembered sets or concurrent threads), C1 only (no C2
+# compiler arenas), and a heap that starts small and gives back what it does not use. The bench's
+# ours JVM on "sorted" and "mor": 332-338 -> 243-254 MiB peak RSS, no slower (bench/footprint.py).
+# Not for the Connect server, whose JVM also plans every run's queries (not measured with it).
+JVM_FOOTPRINT = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Xms64m -XX:MinHeapFreeRatio=10 -XX:MaxHeapFreeRatio=30"
 
 
 SESSION_ID_FILE = "session-id"  # in spark.server_dir: the server's shared session, see shared_remote
@@ -47,6 +46,7 @@ def spark_conf(cfg: SparkConfig) -> dict[str, str]:
     if cfg.mode == "connect":
         return {"spark.remote": shared_remote(cfg), **cfg.conf}
     defaults = {**LOCAL_DEFAULTS, **worker_threads(cfg.master)}
+    defaults["spark.driver.extraJavaOptions"] += f" {JVM_FOOTPRINT}"
     return {"spark.master": cfg.master, "spark.app.name": "compaction-assets", **defaults, **cfg.conf}
 
 
