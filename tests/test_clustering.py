@@ -188,6 +188,41 @@ def test_a_value_holding_most_rows_is_split_off_at_once(tmp_path, where, others,
     assert os.listdir(tmp_path) == []
 
 
+def _unchecked_strings(values: list[bytes]) -> pa.Array:
+    """A string array holding `values` as they are (Arrow and Parquet readers do not check UTF-8)."""
+    offsets = np.concatenate([[0], np.cumsum([len(v) for v in values])]).astype(np.int32)
+    return pa.Array.from_buffers(
+        pa.string(), len(values), [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(b"".join(values))]
+    )
+
+
+@pytest.mark.parametrize("kind", ["end-of-time timestamp", "far-future date", "invalid utf-8 at both ends"])
+def test_a_spilled_sort_keeps_key_values_python_cannot_hold(tmp_path, kind):
+    # found by an outside attack: the run's smallest and largest value went through Python (as_py)
+    # to become splitters: a Long.MAX timestamp sentinel, a date past year 9999 or a string of
+    # invalid UTF-8 (Arrow does not check it) failed the spilled sort; in memory they sort
+    rng = np.random.default_rng(2)
+    n = 30_000
+    values = rng.integers(0, 10**6, n).astype(np.int64)
+    if kind == "end-of-time timestamp":
+        values[::100] = np.iinfo(np.int64).max
+        keys = pa.array(values, pa.timestamp("us", tz="UTC"))
+    elif kind == "far-future date":
+        values[::100] = 2_932_897 + 10  # 9999-12-31 is day 2,932,896
+        keys = pa.array(values.astype(np.int32), pa.date32())
+    else:
+        raw = [f"k{v:07d}".encode() for v in values]
+        raw[17], raw[18] = b"\xff\xfe-largest", b"\x00\xff-smallest"
+        keys = _unchecked_strings(raw)
+    table = pa.table({"k": keys, "o": np.arange(n)})
+    sorter = ExternalSort(SortSpec(keys=(("k", "ascending"),)), budget_bytes=table.nbytes // 3, spill_dir=str(tmp_path))
+
+    out = pa.Table.from_batches(list(sorter.sorted(table.to_batches(4_096))))
+
+    expected = table.take(pc.sort_indices(table, sort_keys=[("k", "ascending")]))
+    assert sorter.spill_files > 1 and out.column("o").equals(expected.column("o"))
+
+
 def test_external_sort_of_a_group_within_budget_stays_in_memory(tmp_path):
     table = typed_rows(1_000, seed=3)
     sorter = ExternalSort(SortSpec(keys=(("i", "ascending"),)), budget_bytes=64 * 1024 * 1024, spill_dir=str(tmp_path))

@@ -295,7 +295,7 @@ class Splitters:
         counts = pc.value_counts(ordered)
         share = max(2, len(ordered) // ranges)
         heavy = counts.field("values").filter(pc.greater_equal(counts.field("counts"), share))
-        ends = pa.array([low.as_py(), high.as_py()], type=low.type)
+        ends = pa.array([low, high], type=low.type)  # not through Python: a timestamp past year 9999
         values = pa.concat_arrays([ordered.take(pa.array(at, pa.int64())), heavy, ends])
         return cls(_sorted_distinct(values), _sorted_distinct(heavy))
 
