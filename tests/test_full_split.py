@@ -53,8 +53,12 @@ def test_an_oversized_file_is_split_into_target_size_files(lake: Lake):
     after = lake.table("ns.big")
     files = data_files(after)
     sizes = sorted(f["file_size_in_bytes"] for f in files)
-    assert len(files) == 4, sizes
-    assert all(0.75 * target <= s <= 1.3 * target for s in sizes), (target, sizes)
+    # files roll at the target by the bytes written; these are fewer than the source's (which
+    # pyiceberg wrote with a dictionary tried on both columns of distinct values, see
+    # execution/parquet_encoding.py), so the last of the planned 4 files may not be needed
+    assert len(files) in (3, 4), sizes
+    assert all(0.75 * target <= s <= 1.3 * target for s in sizes[1:]), (target, sizes)
+    assert target / 8 < sizes[0] <= 1.3 * target, (target, sizes)  # the rest: not a fragment
     assert sum(f["record_count"] for f in files) == n
     for f in files:
         assert pq.ParquetFile(local(f["file_path"])).metadata.num_rows == f["record_count"]
