@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 from pyiceberg.transforms import IdentityTransform
 
 from compaction_assets.bench import datasets, footprint
-from compaction_assets.bench.ours_process import OursProcess
+from compaction_assets.bench.ours_process import OursProcess, outcome_fields
 from compaction_assets.bench.s3_paths import slow_s3
 from compaction_assets.config import load_config
 from compaction_assets.engine import Engine
@@ -45,7 +45,6 @@ FILE_BYTES = {"polars": 6 * MiB, "arrow": 40 * MiB}  # source file size that sen
 DISTINCT = 4  # distinct files per run, repeated up to the group size
 KINDS = ("flat", "typed", "wide")
 ORDERS = ("none", "sort", "zorder")  # how the group is ordered (flat rows' columns)
-OUTCOME_FIELDS = ("status", "reason", "engine", "kind", "groups", "files_written", "spill_files", "peak_worker_rss")
 
 
 def write_group(folder: Path, kind: str, gib: float, file_bytes: int) -> list[Path]:
@@ -155,7 +154,7 @@ def compact_group(
         started = time.perf_counter()
         [compacted] = engine.compact(name)
         seconds = time.perf_counter() - started
-        outcome = {k: getattr(compacted, k) for k in OUTCOME_FIELDS}
+        outcome = outcome_fields(compacted)
     identical = rows_digest(engine.catalog.load_table(name)) == expected
     sorted_by = f" sorted ({order}, {outcome['spill_files']} spill runs)" if order != "none" else ""
     whole = f", whole tree {tree.peak / MiB:.0f} MiB (PSS {tree.peak_pss / MiB:.0f})" if tree else ""

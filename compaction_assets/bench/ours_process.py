@@ -104,7 +104,7 @@ def _serve(config_path: str, warmup_table: str | None, conn: Connection) -> None
             started = time.perf_counter()
             outcomes = engine.compact(request["table"])
             seconds = time.perf_counter() - started
-            conn.send({"seconds": seconds, "outcomes": [_outcome(o) for o in outcomes]})
+            conn.send({"seconds": seconds, "outcomes": [outcome_fields(o) for o in outcomes]})
         except Exception as exc:  # noqa: BLE001 - reported to the bench, which raises it
             conn.send({"error": f"{type(exc).__name__}: {exc}"})
     spark.stop()
@@ -134,7 +134,7 @@ def _import_rewrite_modules(tasks: Iterable[int]) -> Iterable[int]:
     return []
 
 
-def _outcome(outcome) -> dict:  # noqa: ANN001 - an engine PartitionOutcome
+def outcome_fields(outcome) -> dict:  # noqa: ANN001 - an engine PartitionOutcome
     return {
         "status": outcome.status,
         "reason": outcome.reason,
