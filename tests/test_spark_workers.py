@@ -8,12 +8,10 @@ import pytest
 
 from compaction_assets.config import SparkConfig
 from compaction_assets.execution.spark import (
-    DAEMON_CONF,
     JVM_FOOTPRINT,
     LOCAL_DEFAULTS,
     OMP_THREADS_CONF,
     spark_conf,
-    worker_daemon,
     worker_threads,
 )
 
@@ -54,29 +52,3 @@ def test_a_local_sessions_jvm_runs_with_the_small_footprint_options(spark) -> No
     assert set(JVM_FOOTPRINT.split()) <= set(arguments), arguments
     connect = SparkConfig(mode="connect", remote="sc://127.0.0.1:1")
     assert JVM_FOOTPRINT not in str(spark_conf(connect)) and "XX" not in LOCAL_DEFAULTS["spark.driver.extraJavaOptions"]
-
-
-def _pandas_in_worker(_rows):  # noqa: ANN001, ANN202 - runs in a Spark Python worker
-    import sys
-
-    import pyarrow as pa
-    import pyarrow.dataset  # noqa: F401 - pyarrow's pandas shim imports pandas here when it can
-
-    import compaction_assets.execution.worker  # noqa: F401
-
-    try:
-        import pandas  # noqa: F401
-
-        importable = True
-    except ModuleNotFoundError:
-        importable = False
-    yield "pandas" in sys.modules, importable, tuple(pa.array([1, 2]).to_pylist())
-
-
-def test_python_workers_of_a_local_session_leave_pandas_out(spark) -> None:  # noqa: ANN001
-    # 52 MiB in every worker that nothing there uses (execution/spark_daemon.py)
-    seen = set(spark.sparkContext.parallelize(range(2), 2).mapPartitions(_pandas_in_worker).collect())
-    assert seen == {(False, False, (1, 2))}
-    assert worker_daemon("local[2]") == {DAEMON_CONF: "compaction_assets.execution.spark_daemon"}
-    # a cluster's executors may get the package only from spark.submit.pyFiles, after their daemon starts
-    assert worker_daemon("spark://127.0.0.1:7077") == worker_daemon("local-cluster[2,1,1024]") == {}
