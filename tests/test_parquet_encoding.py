@@ -11,6 +11,8 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
+from pyiceberg.conversions import from_bytes
 from pyiceberg.io.pyarrow import PyArrowFileIO, schema_to_pyarrow
 from pyiceberg.schema import Schema
 from pyiceberg.types import (
@@ -21,10 +23,12 @@ from pyiceberg.types import (
     NestedField,
     StringType,
     StructType,
+    TimestampNanoType,
+    TimestamptzNanoType,
     UUIDType,
 )
 
-from compaction_assets.execution.parquet_encoding import DictionaryChoosingWriter, dictionary_columns
+from compaction_assets.execution.parquet_encoding import ArrowPathWriter, dictionary_columns
 
 SCHEMA = Schema(
     NestedField(1, "id", LongType(), required=False),
@@ -77,7 +81,7 @@ def test_a_type_with_no_sampling_kernel_keeps_pyarrows_default():
 def test_written_files_read_back_with_their_encodings_and_statistics(tmp_path: Path):
     table = _rows(10_000)
     path = tmp_path / "out.parquet"
-    writer = DictionaryChoosingWriter(PyArrowFileIO().new_output(str(path)), SCHEMA, {})
+    writer = ArrowPathWriter(PyArrowFileIO().new_output(str(path)), SCHEMA, {})
     writer.write(table.slice(0, 6_000))
     writer.write(table.slice(6_000))
     stats = writer.close()
@@ -100,3 +104,22 @@ def test_written_files_read_back_with_their_encodings_and_statistics(tmp_path: P
         f"select count(*), sum(price), count(distinct city) from read_parquet('{path}')"
     ).fetchone()
     assert count == 10_000 and cities == 3 and abs(total - pa.compute.sum(table["price"]).as_py()) < 1e-6
+
+
+@pytest.mark.parametrize("kind", [TimestampNanoType(), TimestamptzNanoType()])
+def test_nanosecond_timestamps_get_exact_bounds(tmp_path: Path, kind):
+    # pyiceberg 0.12 serialised them through datetime_to_nanos: upper bound ...001000 for a largest
+    # value of ...001001, below the file's own rows (found by an outside attack on another change)
+    schema = Schema(NestedField(1, "id", LongType()), NestedField(2, "at", kind))
+    unit = pa.timestamp("ns", tz="UTC" if isinstance(kind, TimestamptzNanoType) else None)
+    values = [-1_000_000_000_000_000_999, 1_700_000_000_000_001_001, None, 1_700_000_000_000_000_007]
+    path = tmp_path / "ns.parquet"
+    writer = ArrowPathWriter(PyArrowFileIO().new_output(str(path)), schema, {})
+    writer.write(pa.table({"id": pa.array(range(4), pa.int64()), "at": pa.array(values, unit)}))
+    writer.write(pa.table({"id": pa.array([9], pa.int64()), "at": pa.array([1_700_000_000_000_001_002], unit)}))
+    bounds = writer.close().to_serialized_dict()
+
+    assert from_bytes(kind, bounds["lower_bounds"][2]) == -1_000_000_000_000_000_999
+    assert from_bytes(kind, bounds["upper_bounds"][2]) == 1_700_000_000_000_001_002
+    assert from_bytes(LongType(), bounds["upper_bounds"][1]) == 9
+    assert bounds["null_value_counts"][2] == 1

@@ -44,7 +44,7 @@ from compaction_assets.execution import durable, polars_deletes, polars_rewrite,
 from compaction_assets.execution.deletes import GroupDeletes
 from compaction_assets.execution.external_sort import ExternalSort, SortSpec
 from compaction_assets.execution.lineage import with_lineage_fields
-from compaction_assets.execution.parquet_encoding import DictionaryChoosingWriter
+from compaction_assets.execution.parquet_encoding import ArrowPathWriter
 from compaction_assets.execution.partitioning import partition_folder, split_by_partition
 from compaction_assets.execution.source_reader import SourceReader
 from compaction_assets.execution.write_behind import WriteBehind
@@ -538,7 +538,7 @@ class RollingWriter:
             path = f"{self.name}-{len(self._opened):05d}.parquet"
             self._opened.append(path)
             self._output = _TrackedOutput(self._io.new_output(path))
-            self._writer = DictionaryChoosingWriter(self._output, self._write_schema, self._metadata.properties)
+            self._writer = ArrowPathWriter(self._output, self._write_schema, self._metadata.properties)
         table = pa.Table.from_batches(self._buffer)
         stream = self._output.stream
         before = stream.tell() if stream is not None else 0
