@@ -36,6 +36,7 @@ from pyiceberg.types import (
     NestedField,
     StringType,
     StructType,
+    TimestampNanoType,
     TimestampType,
 )
 from pyiceberg.utils.datetime import date_to_days, datetime_to_micros
@@ -508,3 +509,15 @@ def test_old_spec_on_s3_writes_each_partitions_folder_and_sweeps_an_abandoned_at
     assert Counter(row_key(r) for r in duckdb_rows(table)) == expected
     assert assert_partitions_match_rows(table) == 12  # (eu, us, NULL) x (cat 0, 1, 2, NULL)
     assert {f.path.rsplit("/", 2)[1] for f in live_files(table)} == {"cat=0", "cat=1", "cat=2", f"cat={NULL_TOKEN}"}
+
+
+def test_an_identity_partition_of_nanosecond_timestamps_holds_their_nanoseconds():
+    # pyarrow gives a nanosecond value to Python only through pandas (pd.Timestamp, which pyiceberg
+    # kept as the partition value): the record holds the nanoseconds since the epoch, as Iceberg's do
+    schema = Schema(NestedField(1, "id", LongType()), NestedField(2, "at", TimestampNanoType()))
+    spec = _spec((2, IdentityTransform(), "at"))
+    at = [1_700_000_000_000_001_001, -999, None, 1_700_000_000_000_001_001]
+    batch = pa.record_batch({"id": pa.array(range(4), pa.int64()), "at": pa.array(at, pa.timestamp("ns"))})
+    parts = {record[0]: rows.column("id").to_pylist() for record, rows in split_by_partition(batch, spec, schema)}
+    assert parts == {1_700_000_000_000_001_001: [0, 3], -999: [1], None: [2]}
+    assert all(type(key) is int for key in parts if key is not None)

@@ -33,6 +33,7 @@ from compaction_assets.execution.spark import (
     LOCAL_DEFAULTS,
     SESSION_ID_FILE,
     ensure_worker_python,
+    worker_daemon,
     worker_threads,
 )
 from compaction_assets.redact import redact
@@ -160,6 +161,7 @@ def _start(cfg: SparkConfig, wait_seconds: float) -> ServerStatus:
     conf = {
         **LOCAL_DEFAULTS,
         **worker_threads(cfg.master),
+        **worker_daemon(cfg.master),
         "spark.connect.session.manager.defaultSessionTimeout": SESSION_IDLE_TIMEOUT,
         **cfg.conf,
         "spark.connect.grpc.binding.address": host,

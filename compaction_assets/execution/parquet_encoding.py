@@ -19,18 +19,29 @@ Bounds: pyiceberg 0.12 takes a column's min and max from the Parquet footer as P
 them through `datetime_to_nanos`, which keeps whole microseconds: a file whose largest value is
 ...001001 ns got the upper bound ...001000, below its own rows, and a reader that prunes files by
 bounds (Iceberg Java, DuckDB, pyiceberg) skips it for `ts = ...001001`. The footer holds the exact
-nanoseconds (`min_raw` / `max_raw`); `exact_nanosecond_bounds` puts those in the file's bounds.
+nanoseconds (`min_raw` / `max_raw`); `file_statistics` puts those in the file's bounds, and never
+asks pyarrow for a nanosecond value as a Python object.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.io.fileformat import DataFileStatistics
-from pyiceberg.io.pyarrow import ParquetFormatWriter, parquet_path_to_id_mapping
-from pyiceberg.schema import Schema, index_by_id
+from pyiceberg.io.pyarrow import (
+    MetricModeTypes,
+    ParquetFormatWriter,
+    StatsAggregator,
+    compute_statistics_plan,
+    data_file_statistics_from_parquet_metadata,
+    match_metrics_mode,
+    parquet_path_to_id_mapping,
+)
+from pyiceberg.schema import Schema
 from pyiceberg.types import TimestampNanoType, TimestamptzNanoType
 
 REPEATS = 2  # rows per distinct value, at least, for a dictionary to pay
@@ -81,30 +92,36 @@ def _leaf_paths(prefix: str, kind: pa.DataType) -> list[str]:
     return [prefix]
 
 
-def exact_nanosecond_bounds(statistics: DataFileStatistics, footer: pq.FileMetaData, schema: Schema) -> None:
-    """Set the bounds of `schema`'s nanosecond timestamp columns in `statistics` (pyiceberg's, of the
-    file `footer` describes) to the footer's exact values, for the columns pyiceberg gave bounds."""
-    nanos = {i for i, f in index_by_id(schema).items() if isinstance(f.field_type, NANO_TYPES)}
-    if not nanos:
-        return
+def file_statistics(footer: pq.FileMetaData, schema: Schema, properties: dict[str, str]) -> DataFileStatistics:
+    """pyiceberg's statistics of the file `footer` describes, with nanosecond timestamps' bounds
+    taken from the footer's raw INT64 values: pyiceberg only counts those columns (it would turn
+    their min and max into pandas Timestamps, see the module docstring)."""
+    plan = compute_statistics_plan(schema, properties)
+    nanos = {
+        i: c
+        for i, c in plan.items()
+        if isinstance(c.iceberg_type, NANO_TYPES) and c.mode.type not in (MetricModeTypes.NONE, MetricModeTypes.COUNTS)
+    }
+    counted = {i: replace(c, mode=match_metrics_mode("counts")) for i, c in nanos.items()}
     ids = parquet_path_to_id_mapping(schema)
-    lows: dict[int, int] = {}
-    highs: dict[int, int] = {}
+    statistics = data_file_statistics_from_parquet_metadata(footer, {**plan, **counted}, ids)
+    bounds: dict[int, StatsAggregator] = {}
+    unknown: set[int] = set()
     for group in range(footer.num_row_groups):
         row_group = footer.row_group(group)
         for position in range(row_group.num_columns):
             column = row_group.column(position)
-            field_id = ids.get(column.path_in_schema)
-            if field_id not in nanos or not column.is_stats_set or not column.statistics.has_min_max:
+            if (field_id := ids.get(column.path_in_schema)) not in nanos:
                 continue
-            low, high = column.statistics.min_raw, column.statistics.max_raw
-            if not isinstance(low, int) or not isinstance(high, int):  # INT64 nanoseconds, as pyarrow writes them
+            stats = column.statistics if column.is_stats_set else None
+            if stats is None or not stats.has_min_max or not isinstance(stats.min_raw, int):
+                unknown.add(field_id)  # a row group without them: no bounds, as pyiceberg does
                 continue
-            lows[field_id] = min(low, lows.get(field_id, low))
-            highs[field_id] = max(high, highs.get(field_id, high))
-    for field_id, aggregate in statistics.column_aggregates.items():
-        if field_id in lows and aggregate.current_min is not None:
-            aggregate.current_min, aggregate.current_max = lows[field_id], highs[field_id]
+            aggregate = bounds.setdefault(field_id, StatsAggregator(nanos[field_id].iceberg_type, stats.physical_type))
+            aggregate.update_min(stats.min_raw)
+            aggregate.update_max(stats.max_raw)
+    statistics.column_aggregates.update({i: a for i, a in bounds.items() if i not in unknown})
+    return statistics
 
 
 NANO_TYPES = (TimestampNanoType, TimestamptzNanoType)
@@ -117,8 +134,9 @@ class ArrowPathWriter(ParquetFormatWriter):
     Written against pyiceberg 0.12: its ParquetFormatWriter opens the pq.ParquetWriter on the first
     `write`, from the keyword arguments it read from the table's properties
     (`_parquet_writer_kwargs`); no property or public argument selects columns for dictionary
-    encoding, so the choice is added there before that first write. Its `close` computes the
-    statistics from the footer (`_writer.writer.metadata`); the nanosecond bounds are set after.
+    encoding, so the choice is added there before that first write. Its `close` closes the
+    pq.ParquetWriter and computes the statistics from its footer; `close` here does the same
+    with `file_statistics`.
     """
 
     def write(self, table: pa.Table) -> None:
@@ -128,6 +146,12 @@ class ArrowPathWriter(ParquetFormatWriter):
         super().write(table)
 
     def close(self) -> DataFileStatistics:
-        statistics = super().close()
-        exact_nanosecond_bounds(statistics, self._writer.writer.metadata, self._file_schema)
-        return statistics
+        """pyiceberg's `close`, with `file_statistics` in place of its statistics."""
+        if self._result is not None:
+            return self._result
+        if self._writer is None or self._fos is None:
+            raise ValueError("Cannot close a writer that was never written to")
+        with self._fos:
+            self._writer.close()
+            self._result = file_statistics(self._writer.writer.metadata, self._file_schema, self._properties)
+        return self._result

@@ -57,6 +57,10 @@ def _transformed(batch: pa.RecordBatch, spec: PartitionSpec, schema: Schema, pos
         column = pc.struct_field(column, [accessor.position])
     source_type = schema.find_field(partition_field.source_id).field_type
     values = partition_field.transform.pyarrow_transform(source_type)(column)
+    if pa.types.is_timestamp(values.type) and values.type.unit == "ns":
+        # identity of a timestamp_ns: its nanoseconds, as a partition record holds them (pyarrow
+        # turns them into Python values only through pandas, as pd.Timestamp, which pyiceberg keeps)
+        return values.cast(pa.int64())
     # group_by takes no extension keys (identity of a uuid is extension<arrow.uuid>): group by the
     # storage (its 16 bytes, as a partition record holds a uuid)
     return values.storage if isinstance(values.type, pa.BaseExtensionType) else values

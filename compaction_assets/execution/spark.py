@@ -45,7 +45,7 @@ SESSION_ID_FILE = "session-id"  # in spark.server_dir: the server's shared sessi
 def spark_conf(cfg: SparkConfig) -> dict[str, str]:
     if cfg.mode == "connect":
         return {"spark.remote": shared_remote(cfg), **cfg.conf}
-    defaults = {**LOCAL_DEFAULTS, **worker_threads(cfg.master)}
+    defaults = {**LOCAL_DEFAULTS, **worker_threads(cfg.master), **worker_daemon(cfg.master)}
     defaults["spark.driver.extraJavaOptions"] += f" {JVM_FOOTPRINT}"
     return {"spark.master": cfg.master, "spark.app.name": "compaction-assets", **defaults, **cfg.conf}
 
@@ -69,6 +69,18 @@ def worker_threads(master: str) -> dict[str, str]:
         return {}  # a cluster, local-cluster[...] included: Spark sets each executor's cores
     cores = local.group(1)
     return {OMP_THREADS_CONF: str(os.cpu_count() or 1) if cores == "*" else cores}
+
+
+DAEMON_CONF = "spark.python.daemon.module"
+
+
+def worker_daemon(master: str) -> dict[str, str]:
+    """On a local master, pyspark's daemon whose workers leave pandas out (52 MiB each that nothing
+    there uses: spark_daemon.py). Not on a cluster, whose executors may get this package only
+    from spark.submit.pyFiles, after their daemon starts."""
+    if master.strip() == "local" or LOCAL_MASTER.fullmatch(master.strip()):
+        return {DAEMON_CONF: "compaction_assets.execution.spark_daemon"}
+    return {}
 
 
 LOCAL_MASTER = re.compile(r"local\[\s*(\*|\d+)\s*(?:,\s*\d+\s*)?\]")  # local[N], local[*], local[N,retries]
