@@ -13,7 +13,16 @@ import pytest
 from compaction_assets.bench import footprint, iceberg_java, memory
 from compaction_assets.bench.datasets import Dataset
 from compaction_assets.bench.ours_process import OursProcess
-from compaction_assets.bench.run import NAMESPACE, TARGET, bench_config, compare, compare_dataset, comparison_lines
+from compaction_assets.bench.run import (
+    NAMESPACE,
+    TARGET,
+    BenchReport,
+    bench_config,
+    compare,
+    compare_dataset,
+    comparison_lines,
+    stage,
+)
 from compaction_assets.bench.s3_dataset import compare_s3
 from compaction_assets.config import load_config
 from compaction_assets.engine import Engine
@@ -227,3 +236,13 @@ def test_a_datasets_files_and_digest_are_written_once_for_both_passes(tmp_path):
     other = datasets.write_files(folder / "source", Dataset("d", 3, 60))
     assert [p.stat().st_mtime_ns for p in other] != stamps
     assert datasets.sources_digest(other).rows == 180
+
+
+def test_each_stage_is_timed_and_logged_even_when_it_fails():
+    report, lines = BenchReport(cores=2), []
+    with stage(report, "tiny", lines.append):
+        time.sleep(0.05)
+    with pytest.raises(RuntimeError), stage(report, "memory", lines.append):
+        raise RuntimeError("stage failed")
+    assert list(report.stage_seconds) == ["tiny", "memory"] and report.stage_seconds["tiny"] >= 0.05
+    assert lines[0].startswith("[stage] tiny: ") and lines[1].startswith("[stage] memory: ")

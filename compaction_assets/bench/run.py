@@ -12,7 +12,8 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -96,6 +97,7 @@ class BenchReport:
     warmup_s: float = 0.0
     datasets: list[DatasetReport] = field(default_factory=list)
     extras: dict = field(default_factory=dict)
+    stage_seconds: dict[str, float] = field(default_factory=dict)  # wall seconds of each stage, in order
 
     def to_json(self) -> str:
         doc = asdict(self)
@@ -106,6 +108,17 @@ class BenchReport:
             for result, row in zip(report.results, entry["results"], strict=True):
                 row["mb_per_s"] = round(result.mb_per_s, 1)
         return json.dumps(doc, indent=2)
+
+
+@contextmanager
+def stage(report: BenchReport, name: str, log: Callable[[str], None]) -> Iterator[None]:
+    """Time one stage of the bench (a dataset's pass, the memory stage, ...): logged when it ends."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        seconds = report.stage_seconds[name] = time.perf_counter() - started
+        log(f"[stage] {name}: {seconds:.0f}s")
 
 
 def bench_config(root: Path) -> Path:
@@ -304,7 +317,7 @@ def run_bench(
     config_path = bench_config(root)
     config = load_config(config_path)
     report = BenchReport(cores=os.cpu_count() or 1)
-    started = time.perf_counter()
+    started = bench_started = time.perf_counter()
     spark = spark_session(config.spark)
     spark.sparkContext.setLogLevel("ERROR")
     report.session_start_s = time.perf_counter() - started
@@ -325,7 +338,7 @@ def run_bench(
     try:
         for dataset in sets:
             for load, n in passes:
-                with footprint.background_load(load):
+                with stage(report, f"{dataset.name}{_loaded(load)}", log), footprint.background_load(load):
                     if load:
                         average = footprint.load_average()
                         log(f"[{dataset.name}] {load} background-load processes; load average {average}")
@@ -337,29 +350,35 @@ def run_bench(
             java.close()
             java = None
         if large_gib:  # in ours' own process, as the datasets were: its whole tree is measured
-            ours = ours or start_ours(config_path, engine, log)
-            report.extras["memory"] = memory_group(engine, root, log, large_gib, ours)
-            paths = [memory.measure(engine, root, "flat", "polars", large_gib, log, ours=ours)]
-            paths += memory.measure_all(engine, root, ["typed", "wide"], large_gib, log, ours)
-            report.extras["memory_paths"] = paths + memory.measure_sorted(engine, root, large_gib, log, ours)
-            on_s3 = [memory.measure_s3(spark, root, path, large_gib, log) for path in memory.FILE_BYTES]
-            report.extras["memory_paths"] += on_s3
-            shutil.rmtree(root / "data", ignore_errors=True)
+            with stage(report, "memory", log):
+                ours = ours or start_ours(config_path, engine, log)
+                report.extras["memory"] = memory_group(engine, root, log, large_gib, ours)
+                paths = [memory.measure(engine, root, "flat", "polars", large_gib, log, ours=ours)]
+                paths += memory.measure_all(engine, root, ["typed", "wide"], large_gib, log, ours)
+                report.extras["memory_paths"] = paths + memory.measure_sorted(engine, root, large_gib, log, ours)
+                on_s3 = [memory.measure_s3(spark, root, path, large_gib, log) for path in memory.FILE_BYTES]
+                report.extras["memory_paths"] += on_s3
+                shutil.rmtree(root / "data", ignore_errors=True)
         if ours is not None:
             ours.close()
             ours = None
         report.extras["commits"] = commits_per_table(engine, log)
         spark.stop()
         if runs:
-            report.extras["fixed_cost"] = fixed_cost.measure(config_path, port, runs, log=log)
+            with stage(report, "fixed cost", log):
+                report.extras["fixed_cost"] = fixed_cost.measure(config_path, port, runs, log=log)
         if tables:
-            report.extras["planning"] = planning_scale.measure(config_path, tables, log=log)
+            with stage(report, "sensor tick scaling", log):
+                report.extras["planning"] = planning_scale.measure(config_path, tables, log=log)
         if drain_partitions:
-            report.extras["drain"] = drain.measure(root / "data", drain_partitions, log=log)
+            with stage(report, "drain", log):
+                report.extras["drain"] = drain.measure(root / "data", drain_partitions, log=log)
         if planning_files:
-            report.extras["plan_at_scale"] = plan_at_scale.measure(planning_files, log=log)
+            with stage(report, "planning at scale", log):
+                report.extras["plan_at_scale"] = plan_at_scale.measure(planning_files, log=log)
         if defs_tables:
-            report.extras["many_tables"] = many_tables.measure(defs_tables, log=log)
+            with stage(report, "code location size", log):
+                report.extras["many_tables"] = many_tables.measure(defs_tables, log=log)
     finally:
         for peer in (java, ours):
             if peer is not None:
@@ -412,6 +431,8 @@ def run_bench(
         for line in comparison_lines(d):
             log(line)
     log(f"load average {footprint.load_average()} (1, 5, 15 min)")
+    stages = ", ".join(f"{name} {seconds:.0f}s" for name, seconds in report.stage_seconds.items())
+    log(f"bench_wall_s={time.perf_counter() - bench_started:.0f} (stages: {stages})")
     return report
 
 
