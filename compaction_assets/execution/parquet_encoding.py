@@ -114,6 +114,8 @@ def file_statistics(footer: pq.FileMetaData, schema: Schema, properties: dict[st
             if (field_id := ids.get(column.path_in_schema)) not in nanos:
                 continue
             stats = column.statistics if column.is_stats_set else None
+            if stats is not None and stats.has_null_count and stats.null_count == column.num_values:
+                continue  # only nulls here: no min or max, and none needed
             if stats is None or not stats.has_min_max or not isinstance(stats.min_raw, int):
                 unknown.add(field_id)  # a row group without them: no bounds, as pyiceberg does
                 continue
