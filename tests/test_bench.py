@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from compaction_assets.bench import footprint, iceberg_java, memory
-from compaction_assets.bench.datasets import Dataset
+from compaction_assets.bench.contenders import table_digest
+from compaction_assets.bench.datasets import Dataset, rows
 from compaction_assets.bench.ours_process import OursProcess
 from compaction_assets.bench.run import (
     NAMESPACE,
@@ -26,6 +27,9 @@ from compaction_assets.bench.run import (
 from compaction_assets.bench.s3_dataset import compare_s3
 from compaction_assets.config import load_config
 from compaction_assets.engine import Engine
+from compaction_assets.lake.catalog import open_catalog
+from compaction_assets.lake.delete_files import commit_delete_files, position_delete_file
+from compaction_assets.lake.digest import rows_digest
 
 
 @pytest.fixture(scope="module")
@@ -246,3 +250,17 @@ def test_each_stage_is_timed_and_logged_even_when_it_fails():
         raise RuntimeError("stage failed")
     assert list(report.stage_seconds) == ["tiny", "memory"] and report.stage_seconds["tiny"] >= 0.05
     assert lines[0].startswith("[stage] tiny: ") and lines[1].startswith("[stage] memory: ")
+
+
+def test_a_result_tables_digest_reads_its_files_at_once_and_its_deletes_through_the_scan(tmp_path):
+    catalog = load_config(bench_config(tmp_path)).catalog
+    lake = open_catalog(catalog)
+    lake.create_namespace_if_not_exists(NAMESPACE)
+    table = lake.create_table(f"{NAMESPACE}.digest", schema=rows(0, 10, 0).schema)
+    for k in range(3):
+        table.append(rows(k * 1_000, 1_000, k))
+    assert table_digest(table) == rows_digest(table) and table_digest(table).rows == 3_000
+    first = next(iter(table.scan().plan_files())).file
+    commit_delete_files(table, [position_delete_file(table, first, [0, 7])])
+    table = lake.load_table(f"{NAMESPACE}.digest")
+    assert table_digest(table) == rows_digest(table) and table_digest(table).rows == 2_998

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.dataset as ds
+import pyarrow.fs as pa_fs
 import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog
 from pyspark.sql import SparkSession
@@ -78,13 +79,28 @@ def ours(
         after,
         max(o["peak_worker_rss"] for o in outcomes),
         "spark python worker",
-        rows_digest(table) == expected,
+        table_digest(table) == expected,
         phases=outcomes[0]["phases"],
         path=engines(outcomes),
         bytes_after=bytes_after,
         tree_peak_rss=tree.peak,
         tree_peak_pss=tree.peak_pss,
     )
+
+
+def table_digest(table) -> RowsDigest:  # noqa: ANN001 - a pyiceberg Table
+    """The rows of a contender's result table (lake.digest): its data files scanned at once by a
+    pyarrow dataset, on Arrow's threads, where no delete file applies and the files hold the table's
+    columns by name (a bench table has no schema evolution); else through pyiceberg's scan, a file at
+    a time (small's 10M rows: 3 s instead of 1.3 s, twice a run)."""
+    tasks = list(table.scan().plan_files())
+    if not tasks or any(t.delete_files for t in tasks):
+        return rows_digest(table)
+    located = [pa_fs.FileSystem.from_uri(t.file.file_path) for t in tasks]
+    files = ds.dataset([path for _, path in located], format="parquet", filesystem=located[0][0])
+    if set(files.schema.names) != set(table.schema().column_names):
+        return rows_digest(table)
+    return batches_digest(files.to_batches())
 
 
 def jvm_pid(spark: SparkSession) -> int:
@@ -114,7 +130,7 @@ def iceberg_java(
         seconds = rewrite_data_files(java, run.name, table_name, options, **args)
     table = run.catalog.load_table(table_name)
     after, bytes_after = data_files(table)
-    identical = rows_digest(table) == expected
+    identical = table_digest(table) == expected
     return Result(
         ICEBERG_JAVA,
         seconds,
