@@ -24,7 +24,7 @@ from compaction_assets.bench.run import (
     comparison_lines,
     stage,
 )
-from compaction_assets.bench.s3_dataset import compare_s3
+from compaction_assets.bench.s3_dataset import compare_s3, s3_source
 from compaction_assets.config import load_config
 from compaction_assets.engine import Engine
 from compaction_assets.lake.catalog import open_catalog
@@ -82,9 +82,13 @@ def test_compare_runs_every_contender_on_fresh_tables(bench_root, spark, ours):
 
 def test_the_s3_dataset_runs_every_contender_through_the_server(tmp_path, spark):
     lines: list[str] = []
+    mini = Dataset("s3mini", 6, 300)
 
-    bytes_in, timed = compare_s3(spark, tmp_path, lines.append, 1, TARGET, Dataset("s3mini", 6, 300))
+    with s3_source(spark, tmp_path, lines.append, mini) as uploaded:  # both passes on one upload
+        bytes_in, timed = compare_s3(spark, tmp_path, lines.append, 1, TARGET, mini, uploaded)
+        again, _ = compare_s3(spark, tmp_path, lines.append, 1, TARGET, mini, uploaded)
 
+    assert again == bytes_in and sum(line.startswith("[s3] writing") for line in lines) == 1
     assert set(timed) == {"ours", "delta-rs", "pyarrow 1 thread"}
     results = [r for runs in timed.values() for r in runs]
     assert all(r.rows_identical and r.bytes_in == bytes_in > 0 for r in results)

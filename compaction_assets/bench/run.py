@@ -13,7 +13,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -337,14 +337,20 @@ def run_bench(
     ours = start_ours(config_path, engine, log) if local_sets else None
     try:
         for dataset in sets:
-            for load, n in passes:
-                with stage(report, f"{dataset.name}{_loaded(load)}", log), footprint.background_load(load):
-                    if load:
-                        average = footprint.load_average()
-                        log(f"[{dataset.name}] {load} background-load processes; load average {average}")
-                    report.datasets.append(compare_dataset(engine, ours, spark, root, dataset, log, n, java, load))
-                log(f"[{dataset.name}] load average {footprint.load_average()}")
-                clear_runs(root / "data" / dataset.name)  # the next pass reuses the source files
+            with ExitStack() as shared:  # what every pass over the dataset shares
+                on_s3 = None
+                if dataset.name == s3_dataset.S3.name:
+                    on_s3 = shared.enter_context(s3_dataset.s3_source(spark, root, log))
+                for load, n in passes:
+                    with stage(report, f"{dataset.name}{_loaded(load)}", log), footprint.background_load(load):
+                        if load:
+                            average = footprint.load_average()
+                            log(f"[{dataset.name}] {load} background-load processes; load average {average}")
+                        report.datasets.append(
+                            compare_dataset(engine, ours, spark, root, dataset, log, n, java, load, on_s3)
+                        )
+                    log(f"[{dataset.name}] load average {footprint.load_average()}")
+                    clear_runs(root / "data" / dataset.name)  # the next pass reuses the source files
             shutil.rmtree(root / "data" / dataset.name, ignore_errors=True)
         if java is not None:
             java.close()
@@ -480,14 +486,16 @@ def compare_dataset(
     repeats: int,
     java: iceberg_java.JavaIceberg | None,
     load: int,
+    on_s3: s3_dataset.S3Source | None = None,
 ) -> DatasetReport:
-    """One pass over `dataset` (cdc, mor and s3 have comparisons of their own); its report, logged."""
+    """One pass over `dataset` (cdc, mor and s3 have comparisons of their own; s3's files are on
+    the server `on_s3`, else uploaded for this pass); its report, logged."""
     if dataset.deletes != "none":
         # Iceberg Java on position deletes only: on cdc's 1M equality keys it runs for hours (bench/cdc.py)
         java = java if dataset.deletes == "position" else None
         bytes_in, timed = cdc.compare_cdc(engine, ours, root, log, repeats, TARGET, java, load, dataset)
     elif dataset.name == s3_dataset.S3.name:
-        bytes_in, timed = s3_dataset.compare_s3(spark, root, log, repeats, TARGET)
+        bytes_in, timed = s3_dataset.compare_s3(spark, root, log, repeats, TARGET, source=on_s3)
     else:
         return compare(engine, ours, spark, root, dataset, log, repeats, java, load)
     own_report = DatasetReport(dataset.name, dataset.files, dataset.rows, bytes_in, load=load)

@@ -19,7 +19,9 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -97,16 +99,24 @@ def s3_engine(root: Path, s3: LocalS3, spark) -> Engine:  # noqa: ANN001 - a Spa
     return engine
 
 
-def compare_s3(
-    spark,  # noqa: ANN001 - the bench's warm SparkSession
-    root: Path,
-    log: Callable[[str], None],
-    repeats: int,
-    target: int,
-    dataset: Dataset = S3,
-) -> tuple[int, dict[str, list[contenders.Result]]]:
-    """Upload the dataset once; time ours, delta-rs and the pyarrow copy on it `repeats` times.
-    Returns the source bytes and every contender's runs."""
+@dataclass
+class S3Source:
+    """The dataset's files on a running server, with ours' process for it: what every pass over
+    the dataset shares (uploading small's 441 MB to moto took 1.5-3 minutes)."""
+
+    s3: LocalS3
+    fs: pafs.S3FileSystem
+    sources: list[str]
+    local: list[Path]
+    expected: RowsDigest
+    bytes_in: int
+    engine: Engine
+    ours: OursProcess
+
+
+@contextmanager
+def s3_source(spark, root: Path, log: Callable[[str], None], dataset: Dataset = S3) -> Iterator[S3Source]:  # noqa: ANN001
+    """Upload `dataset` once to a new server and start ours' process on it; both stopped at exit."""
     folder = root / "data" / dataset.name
     log(f"[s3] writing {dataset.files} files x {dataset.rows_per_file} rows to the local S3 server (moto) ...")
     local = datasets.write_files(folder / "source", dataset)
@@ -123,31 +133,39 @@ def compare_s3(
 
         ours = OursProcess(root / "compaction-s3.yaml", warmup_table(engine))
         try:
-            timed = _runs(engine, ours, fs, s3, sources, local, expected, bytes_in, repeats, target, dataset, log)
+            yield S3Source(s3, fs, sources, local, expected, bytes_in, engine, ours)
         finally:
             ours.close()
-    return bytes_in, timed
+
+
+def compare_s3(
+    spark,  # noqa: ANN001 - the bench's warm SparkSession
+    root: Path,
+    log: Callable[[str], None],
+    repeats: int,
+    target: int,
+    dataset: Dataset = S3,
+    source: S3Source | None = None,
+) -> tuple[int, dict[str, list[contenders.Result]]]:
+    """Time ours, delta-rs and the pyarrow copy `repeats` times on the dataset's files on the
+    server (`source`: uploaded already; else uploaded here, once). Returns the source bytes and
+    every contender's runs."""
+    if source is None:
+        with s3_source(spark, root, log, dataset) as uploaded:
+            return compare_s3(spark, root, log, repeats, target, dataset, uploaded)
+    return source.bytes_in, _runs(source, repeats, target, dataset, log)
 
 
 def _runs(
-    engine: Engine,
-    ours: OursProcess,
-    fs: pafs.S3FileSystem,
-    s3: LocalS3,
-    sources: list[str],
-    local: list[Path],
-    expected: RowsDigest,
-    bytes_in: int,
-    repeats: int,
-    target: int,
-    dataset: Dataset,
-    log: Callable[[str], None],
+    source: S3Source, repeats: int, target: int, dataset: Dataset, log: Callable[[str], None]
 ) -> dict[str, list[contenders.Result]]:
     """`repeats` interleaved runs of every contender on the uploaded files."""
+    engine, ours, fs, s3, sources = source.engine, source.ours, source.fs, source.s3, source.sources
+    expected, bytes_in = source.expected, source.bytes_in
     timed: dict[str, list[contenders.Result]] = {}
     for k in range(repeats):
         table_name = f"bench.s3_{k}"
-        iceberg_table(engine, table_name, pq.read_schema(local[0]), sources)
+        iceberg_table(engine, table_name, pq.read_schema(source.local[0]), sources)
         delta_uri = _delta_table(s3, fs, sources, f"delta-{k}")
         out = f"{s3.bucket}/pyarrow-{k}"
         for contender in (
