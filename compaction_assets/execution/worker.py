@@ -22,6 +22,7 @@ budget.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import json
 import time
@@ -180,6 +181,7 @@ def rewrite_tasks(job_json: str, tasks: Iterable[int]) -> Iterator[dict]:
         for index in (g for task in tasks for g in job.tasks[task]):
             started = time.perf_counter()
             outcome = rewrite_group(job, index)
+            release_memory()
             outputs.add([f.file_path for f in outcome.data_files])
             yield {
                 "group": index,
@@ -408,6 +410,27 @@ def _rewrite_with_polars(
     if written is None:
         deletes.rows_deleted = 0
     return written
+
+
+def release_memory() -> None:
+    """Give the pages a finished group freed back to the system. Arrow's allocator (jemalloc) and
+    glibc's keep freed pages for reuse, and Spark keeps a worker for the next task: a worker that
+    rewrote a 2.9 GB group on the Arrow path, then a 1 GB one through Polars, peaked at 512 MiB
+    instead of 341, and an idle one held its last group's pages beside the busy one."""
+    pa.default_memory_pool().release_unused()
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+def _glibc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return libc if hasattr(libc, "malloc_trim") else None
+    except OSError:  # not glibc (macOS, musl): nothing to trim
+        return None
+
+
+_LIBC = _glibc()
 
 
 def _reset_peak_rss() -> None:
