@@ -126,6 +126,8 @@ def test_a_finished_group_gives_its_freed_pages_back():
 
     from compaction_assets.execution.worker import release_memory
 
+    if pa.default_memory_pool().backend_name != "mimalloc":  # ARROW_DEFAULT_MEMORY_POOL chose another
+        pytest.skip("pyarrow's jemalloc and system pools keep what this frees (measured: ~1 MiB given back)")
     doubled = pc.multiply(pa.array(range(5_000_000), pa.int64()), 2)  # 40 MB in Arrow's pool, twice
     more = pc.add(doubled, 1)
     del doubled, more
