@@ -33,8 +33,7 @@ from compaction_assets.execution.spark import (
     LOCAL_DEFAULTS,
     SESSION_ID_FILE,
     ensure_worker_python,
-    worker_daemon,
-    worker_threads,
+    worker_conf,
 )
 from compaction_assets.redact import redact
 
@@ -160,8 +159,7 @@ def _start(cfg: SparkConfig, wait_seconds: float) -> ServerStatus:
     host, port = host_port(cfg)
     conf = {
         **LOCAL_DEFAULTS,
-        **worker_threads(cfg.master),
-        **worker_daemon(cfg.master),
+        **worker_conf(cfg.master),
         "spark.connect.session.manager.defaultSessionTimeout": SESSION_IDLE_TIMEOUT,
         **cfg.conf,
         "spark.connect.grpc.binding.address": host,

@@ -45,7 +45,7 @@ SESSION_ID_FILE = "session-id"  # in spark.server_dir: the server's shared sessi
 def spark_conf(cfg: SparkConfig) -> dict[str, str]:
     if cfg.mode == "connect":
         return {"spark.remote": shared_remote(cfg), **cfg.conf}
-    defaults = {**LOCAL_DEFAULTS, **worker_threads(cfg.master), **worker_daemon(cfg.master)}
+    defaults = {**LOCAL_DEFAULTS, **worker_conf(cfg.master)}
     defaults["spark.driver.extraJavaOptions"] += f" {JVM_FOOTPRINT}"
     return {"spark.master": cfg.master, "spark.app.name": "compaction-assets", **defaults, **cfg.conf}
 
@@ -63,12 +63,22 @@ def worker_threads(master: str) -> dict[str, str]:
     sorted on one of two cores (the bench's z-order group 7.3 s, with two 6.7 s). Two tasks at once
     then run up to 2N Arrow threads on N cores, as Polars' own pool (N per worker) already does.
     """
-    if master.strip() == "local":
-        return {OMP_THREADS_CONF: "1"}
-    if (local := LOCAL_MASTER.fullmatch(master.strip())) is None:
+    if (cores := _local_cores(master)) is None:
         return {}  # a cluster, local-cluster[...] included: Spark sets each executor's cores
-    cores = local.group(1)
     return {OMP_THREADS_CONF: str(os.cpu_count() or 1) if cores == "*" else cores}
+
+
+def _local_cores(master: str) -> str | None:
+    """The cores of a local master ("1" for `local`, N or "*" for `local[N]`); None for a cluster."""
+    if master.strip() == "local":
+        return "1"
+    local = LOCAL_MASTER.fullmatch(master.strip())
+    return local.group(1) if local is not None else None
+
+
+def worker_conf(master: str) -> dict[str, str]:
+    """What the Python workers of a session on `master` are started with (worker_threads, worker_daemon)."""
+    return {**worker_threads(master), **worker_daemon(master)}
 
 
 DAEMON_CONF = "spark.python.daemon.module"
@@ -78,9 +88,9 @@ def worker_daemon(master: str) -> dict[str, str]:
     """On a local master, pyspark's daemon whose workers leave pandas out (52 MiB each that nothing
     there uses: spark_daemon.py). Not on a cluster, whose executors may get this package only
     from spark.submit.pyFiles, after their daemon starts."""
-    if master.strip() == "local" or LOCAL_MASTER.fullmatch(master.strip()):
-        return {DAEMON_CONF: "compaction_assets.execution.spark_daemon"}
-    return {}
+    if _local_cores(master) is None:
+        return {}
+    return {DAEMON_CONF: "compaction_assets.execution.spark_daemon"}
 
 
 LOCAL_MASTER = re.compile(r"local\[\s*(\*|\d+)\s*(?:,\s*\d+\s*)?\]")  # local[N], local[*], local[N,retries]
