@@ -13,11 +13,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from compaction_assets.bench import footprint, iceberg_java, memory
-from compaction_assets.bench.contenders import table_digest
+from compaction_assets.bench.contenders import peer_expected, rows_match, table_digest, table_rows_match
 from compaction_assets.bench.datasets import Dataset, rows
 from compaction_assets.bench.ours_process import OursProcess
 from compaction_assets.bench.run import (
     NAMESPACE,
+    PEER_CHECK,
     TARGET,
     BenchReport,
     bench_config,
@@ -31,7 +32,7 @@ from compaction_assets.config import load_config
 from compaction_assets.engine import Engine
 from compaction_assets.lake.catalog import open_catalog
 from compaction_assets.lake.delete_files import commit_delete_files, position_delete_file
-from compaction_assets.lake.digest import rows_digest
+from compaction_assets.lake.digest import batches_digest, rows_digest
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +62,8 @@ def test_compare_runs_every_contender_on_fresh_tables(bench_root, spark, ours):
     engine = bench_engine(bench_root, spark)
     lines: list[str] = []
 
-    report = compare(engine, ours, spark, bench_root, Dataset("mini", 12, 500), lines.append, repeats=2)
+    mini = Dataset("mini", 12, 500, spark_anchor=True)
+    report = compare(engine, ours, spark, bench_root, mini, lines.append, repeats=2)
 
     by_name = {r.contender: r for r in report.results}
     assert set(by_name) == {"ours", "delta-rs", "pyarrow 1 thread", "spark dataframe"}
@@ -79,6 +81,7 @@ def test_compare_runs_every_contender_on_fresh_tables(bench_root, spark, ours):
         table = engine.catalog.load_table(f"{NAMESPACE}.mini_{k}")
         assert len(table.inspect.files()) == 1
     assert sum("run " in line for line in lines) == 2
+    assert any("delta-rs" in line and f"rows identical{PEER_CHECK}" in line for line in lines)
     engine.ledger.dispose()
 
 
@@ -145,7 +148,7 @@ def test_iceberg_java_rewrites_a_copy_of_the_table_with_the_same_rows(bench_root
 
     reports = [
         compare(engine, ours, spark, bench_root, dataset, lines.append, repeats=1, java=java)
-        for dataset in (Dataset("jmini", 10, 300, spark_anchor=False), Dataset("minizorder", 10, 300, order="zorder"))
+        for dataset in (Dataset("jmini", 10, 300), Dataset("minizorder", 10, 300, order="zorder"))
     ]
     summary = [line for report in reports for line in comparison_lines(report)]
 
@@ -286,3 +289,25 @@ def test_a_result_file_whose_field_ids_differ_from_its_names_is_read_as_iceberg_
     table = lake.load_table(f"{NAMESPACE}.ids")
     assert table.scan().to_arrow().to_pylist() == [{"a": 10, "b": 1}]
     assert table_digest(table) == rows_digest(table)
+
+
+def test_a_peers_first_run_is_checked_by_content_and_its_later_runs_by_row_count(tmp_path):
+    import pyarrow.dataset as ds
+
+    pq.write_table(rows(0, 100, 0), tmp_path / "a.parquet")
+    pq.write_table(rows(1, 100, 0), tmp_path / "b.parquet")  # as many rows, one id off
+    same, other = ds.dataset([tmp_path / "a.parquet"]), ds.dataset([tmp_path / "b.parquet"])
+    expected = batches_digest(same.to_batches())
+    assert peer_expected(expected, 0) == expected and peer_expected(expected, 1) == 100
+    assert rows_match(expected, same) and not rows_match(expected, other)  # content
+    assert rows_match(100, other) and not rows_match(99, same)  # count only
+
+    lake = open_catalog(load_config(bench_config(tmp_path)).catalog)
+    lake.create_namespace_if_not_exists(NAMESPACE)
+    table = lake.create_table(f"{NAMESPACE}.count", schema=rows(0, 10, 0).schema)
+    table.append(rows(0, 100, 0))
+    first = next(iter(table.scan().plan_files())).file
+    commit_delete_files(table, [position_delete_file(table, first, [0, 7])])
+    table = lake.load_table(f"{NAMESPACE}.count")
+    assert table_rows_match(table, 98) and not table_rows_match(table, 100)  # the deletes apply
+    assert table_rows_match(table, rows_digest(table)) and not table_rows_match(table, expected)

@@ -109,7 +109,7 @@ def commit_cdc_deletes(catalog: Catalog, table_name: str, deletes: CdcDeletes) -
 
 
 def pyarrow_anti_join(
-    sources: list[Path], deletes: CdcDeletes, out: Path, target_bytes: int, expected: RowsDigest, bytes_in: int
+    sources: list[Path], deletes: CdcDeletes, out: Path, target_bytes: int, expected: RowsDigest | int, bytes_in: int
 ) -> contenders.Result:
     """The limit: one thread reading each file, dropping deleted rows, writing target-size files."""
     positions = {name: pos.tolist() for name, pos in deletes.positions.items()}
@@ -160,9 +160,10 @@ def compare_cdc(
         name = f"bench.{run_name}"
         datasets.iceberg_table(engine.catalog, name, sources, {})
         commit_cdc_deletes(engine.catalog, name, deletes)
+        peers = contenders.peer_expected(expected, k)
         runs = [
             partial(_ours, ours, engine.catalog, name, expected, bytes_in, dataset.files),
-            partial(pyarrow_anti_join, sources, deletes, folder / f"pyarrow-{k}", target, expected, bytes_in),
+            partial(pyarrow_anti_join, sources, deletes, folder / f"pyarrow-{k}", target, peers, bytes_in),
         ]
         if java is not None:
             run = iceberg_java.run_catalog(java, folder / "java", f"java_{run_name}")
@@ -170,7 +171,7 @@ def compare_cdc(
             commit_cdc_deletes(run.catalog, JAVA_TABLE, deletes)
             options = java_options(deletes=True)
             runs.append(
-                partial(contenders.iceberg_java, java, run, JAVA_TABLE, expected, bytes_in, dataset.files, options, {})
+                partial(contenders.iceberg_java, java, run, JAVA_TABLE, peers, bytes_in, dataset.files, options, {})
             )
         for contender in runs:
             result = contender()

@@ -32,13 +32,13 @@ import click
 import pyarrow.parquet as pq
 from pyiceberg.transforms import IdentityTransform
 
-from compaction_assets.bench import datasets, footprint
+from compaction_assets.bench import contenders, datasets, footprint
 from compaction_assets.bench.ours_process import OursProcess, outcome_fields
 from compaction_assets.bench.s3_paths import slow_s3
 from compaction_assets.config import load_config
 from compaction_assets.engine import Engine
 from compaction_assets.execution.spark import spark_session
-from compaction_assets.lake.digest import rows_digest
+from compaction_assets.lake.digest import RowsDigest, rows_digest
 
 MiB = 1024 * 1024
 FILE_BYTES = {"polars": 6 * MiB, "arrow": 40 * MiB}  # source file size that sends a group down each path
@@ -97,7 +97,8 @@ def measure(
             with table.update_sort_order() as sort_order:
                 sort_order.asc("city", IdentityTransform()).desc("price", IdentityTransform())
         os.sync()
-        return compact_group(engine, name, kind, len(sources), bytes_in, log, order, ours)
+        expected = datasets.sources_digest(sources)  # read at once, on Arrow's threads (not via the scan)
+        return compact_group(engine, name, kind, len(sources), bytes_in, log, order, ours, expected)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -139,12 +140,13 @@ def compact_group(
     log: Callable[[str], None],
     order: str = "none",
     ours: OursProcess | None = None,
+    expected: RowsDigest | None = None,
 ) -> dict:
-    """Compact table `name` (one group), check its rows by content, log and return the figures.
-    With `ours` (our engine in a process of its own) the group is compacted there and the peak RSS
-    summed over its whole tree (that process, its Spark JVM and Python workers) is taken too;
-    else in this process, the worker's peak only."""
-    expected = rows_digest(engine.catalog.load_table(name))
+    """Compact table `name` (one group), check its rows by content (against `expected`, default:
+    the table's before), log and return the figures. With `ours` (our engine in a process of its
+    own) the group is compacted there and the peak RSS summed over its whole tree (that process,
+    its Spark JVM and Python workers) is taken too; else in this process, the worker's peak only."""
+    expected = expected or rows_digest(engine.catalog.load_table(name))
     tree = None
     if ours is not None:
         with footprint.TreePeak([ours.pid]) as tree:
@@ -155,7 +157,7 @@ def compact_group(
         [compacted] = engine.compact(name)
         seconds = time.perf_counter() - started
         outcome = outcome_fields(compacted)
-    identical = rows_digest(engine.catalog.load_table(name)) == expected
+    identical = contenders.table_digest(engine.catalog.load_table(name)) == expected
     sorted_by = f" sorted ({order}, {outcome['spill_files']} spill runs)" if order != "none" else ""
     whole = f", whole tree {tree.peak / MiB:.0f} MiB (PSS {tree.peak_pss / MiB:.0f})" if tree else ""
     log(

@@ -157,8 +157,10 @@ def compare(
         Ours (in its own process, `ours`; `engine` is the bench's, on the same catalog), delta-rs, the
         pyarrow copy and Iceberg Java (if `java` is given) run `repeats` times, interleaved, each time
         on fresh tables over the same files (hard links), and each is reported by its median run: on a
-        shared machine a single run of either side can be off by a third. The Spark DataFrame rewrite,
-        ten times slower than the rest, runs once, in the quiet pass. A sorted dataset runs ours and
+        shared machine a single run of either side can be off by a third. Ours' rows are checked by
+        content on every run, a peer's on its first and by count after (contenders.peer_expected).
+        The Spark DataFrame rewrite, ten times slower than the rest, runs once, in the quiet pass
+        (small only). A sorted dataset runs ours and
         Iceberg Java only (the others do not sort). `load`: the background-load processes running
     meanwhile (the caller starts them), reported with the figures."""
     folder = root / "data" / dataset.name
@@ -173,15 +175,16 @@ def compare(
         table_name = f"{NAMESPACE}.{run_name}"
         datasets.ordered_table(engine.catalog, table_name, sources, dataset, TARGET)
         runs = [partial(contenders.ours, ours, engine.catalog, table_name, expected, bytes_in, dataset.files)]
+        peers = contenders.peer_expected(expected, k)
         if dataset.order == "none":
             delta_uri = datasets.delta_table(datasets.linked(sources, folder / f"delta-{k}"))
-            runs.append(partial(contenders.deltars, delta_uri, TARGET, expected, bytes_in, dataset.files))
-            runs.append(partial(contenders.pyarrow_copy, sources, folder / f"pyarrow-{k}", TARGET, expected, bytes_in))
+            runs.append(partial(contenders.deltars, delta_uri, TARGET, peers, bytes_in, dataset.files))
+            runs.append(partial(contenders.pyarrow_copy, sources, folder / f"pyarrow-{k}", TARGET, peers, bytes_in))
         if java is not None:
             run = iceberg_java.run_catalog(java, folder / "java", f"java_{run_name}")
             datasets.ordered_table(run.catalog, JAVA_TABLE, sources, dataset, TARGET)
             options, args = java_options(), datasets.java_rewrite_args(dataset)
-            java_run = (java, run, JAVA_TABLE, expected, bytes_in, dataset.files, options, args)
+            java_run = (java, run, JAVA_TABLE, peers, bytes_in, dataset.files, options, args)
             runs.append(partial(contenders.iceberg_java, *java_run))
         for contender in runs:  # one after the other, in this order
             # no contender pays for writing back files the set-up or the one before it wrote
@@ -214,6 +217,9 @@ def _loaded(load: int) -> str:
     return f" (background load {load})" if load else ""
 
 
+PEER_CHECK = " (by content on the first run, by count after)"  # contenders.peer_expected
+
+
 def log_results(report: DatasetReport, log: Callable[[str], None]) -> None:
     for result in report.results:
         log(
@@ -222,6 +228,7 @@ def log_results(report: DatasetReport, log: Callable[[str], None]) -> None:
             f"({report.bytes / MiB:.0f} -> {result.bytes_after / MiB:.0f} MiB)  "
             f"peak RSS {result.peak_rss / MiB:6.0f} MiB "
             f"({result.rss_of})  rows {'identical' if result.rows_identical else 'DIFFERENT'}"
+            + (PEER_CHECK if result.contender != "ours" and len(result.runs) > 1 else "")
             + (f"  median of {len(result.runs)}" if len(result.runs) > 1 else "")
         )
         if result.phases:
@@ -244,24 +251,6 @@ def median_results(timed: dict[str, list[contenders.Result]]) -> list[contenders
 def _check(dataset: Dataset, result: contenders.Result) -> None:
     if not result.rows_identical:
         raise RuntimeError(f"bench: {result.contender} changed the rows of {dataset.name}")
-
-
-def memory_group(
-    engine: Engine, root: Path, log: Callable[[str], None], gib: float = 2.0, ours: OursProcess | None = None
-) -> dict:
-    """Rewrite one group of `gib` GiB (one output file): the worker's peak RSS, and with `ours` the
-    whole tree's (memory.compact_group)."""
-    files = max(6, round(gib * 1024**3 / 29.5e6))  # a 1M-row file of these rows is ~29.5 MB
-    dataset = Dataset("large", files, 1_000_000)
-    folder = root / "data" / dataset.name
-    log(f"[memory] writing {files} files x 1M rows (~{gib:g} GiB) ...")
-    sources = datasets.write_files(folder, dataset)
-    bytes_in = sum(p.stat().st_size for p in sources)
-    name = f"{NAMESPACE}.large"
-    # a target above the whole group: the planner packs every file into one group, one output file
-    datasets.iceberg_table(engine.catalog, name, sources, memory.one_group(bytes_in))
-    os.sync()
-    return memory.compact_group(engine, name, "flat", files, bytes_in, log, ours=ours)
 
 
 def commits_per_table(engine: Engine, log: Callable[[str], None], partitions: int = 50) -> dict:
@@ -358,9 +347,7 @@ def run_bench(
         if large_gib:  # in ours' own process, as the datasets were: its whole tree is measured
             with stage(report, "memory", log):
                 ours = ours or start_ours(config_path, engine, log)
-                report.extras["memory"] = memory_group(engine, root, log, large_gib, ours)
-                paths = [memory.measure(engine, root, "flat", "polars", large_gib, log, ours=ours)]
-                paths += memory.measure_all(engine, root, ["typed", "wide"], large_gib, log, ours)
+                paths = memory.measure_all(engine, root, list(memory.KINDS), large_gib, log, ours)
                 report.extras["memory_paths"] = paths + memory.measure_sorted(engine, root, large_gib, log, ours)
                 on_s3 = [memory.measure_s3(spark, root, path, large_gib, log) for path in memory.FILE_BYTES]
                 report.extras["memory_paths"] += on_s3
@@ -397,9 +384,6 @@ def run_bench(
                 f"[{d.dataset}{_loaded(d.load)}] ours at {share:.0%} of 2 x single-thread pyarrow"
                 + (f"; ours/spark-dataframe {d.seconds('ours') / spark_df:.2f}" if spark_df else "")
             )
-    if flat := report.extras.get("memory"):
-        tree = f" tree_peak_rss_mib={flat['tree_peak_rss_bytes'] / MiB:.0f}" if flat.get("tree_peak_rss_bytes") else ""
-        log(f"peak_rss_mb={flat['worker_peak_rss_bytes'] / MiB:.0f}{tree} group_gb={flat['group_bytes'] / 1e9:.2f}")
     for line in memory.report_lines(report.extras.get("memory_paths", [])):
         log(line)
     if cost := report.extras.get("fixed_cost"):
