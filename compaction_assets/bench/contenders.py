@@ -60,10 +60,17 @@ class Result:
 
 
 def ours(
-    process: OursProcess, catalog: Catalog, table_name: str, expected: RowsDigest, bytes_in: int, files: int
+    process: OursProcess,
+    catalog: Catalog,
+    table_name: str,
+    expected: RowsDigest,
+    bytes_in: int,
+    files: int,
+    filesystem: pa_fs.FileSystem | None = None,
 ) -> Result:
     """Our engine in its own process (bench/ours_process.py): plan, one Spark job over the groups,
-    two-phase commit; timed in that process, its whole process tree sampled."""
+    two-phase commit; timed in that process, its whole process tree sampled. `filesystem`: the one
+    the result is read back through where it is on S3 (table_digest)."""
     with footprint.TreePeak([process.pid]) as tree:
         compacted = process.compact(table_name)
     if compacted.failed() or not compacted.outcomes:
@@ -81,7 +88,7 @@ def ours(
         after,
         max(o["peak_worker_rss"] for o in outcomes),
         "spark python worker",
-        table_digest(table) == expected,
+        table_digest(table, filesystem) == expected,
         phases=outcomes[0]["phases"],
         path=engines(outcomes),
         bytes_after=bytes_after,
@@ -90,16 +97,22 @@ def ours(
     )
 
 
-def table_digest(table) -> RowsDigest:  # noqa: ANN001 - a pyiceberg Table
+def table_digest(table, filesystem: pa_fs.FileSystem | None = None) -> RowsDigest:  # noqa: ANN001 - a pyiceberg Table
     """The rows of a contender's result table (lake.digest): its data files scanned at once by a
-    pyarrow dataset, on Arrow's threads, where they are local, no delete file applies and every file
-    holds the table's columns under their field ids (a bench table has no schema evolution); else
-    through pyiceberg's scan, a file at a time (small's 10M rows: 3 s instead of 1.3 s, twice a run)."""
+    pyarrow dataset, on Arrow's threads, where they are local (or on S3 and `filesystem` reaches
+    it), no delete file applies and every file holds the table's columns under their field ids (a
+    bench table has no schema evolution); else through pyiceberg's scan, a file at a time (small's
+    10M rows: 3 s instead of 1.3 s, twice a run)."""
     tasks = list(table.scan().plan_files())
-    local = all(t.file.file_path.startswith("file:") for t in tasks)  # S3 goes through the table's FileIO
-    if not tasks or not local or any(t.delete_files for t in tasks):
+    paths = [t.file.file_path for t in tasks]
+    if not tasks or any(t.delete_files for t in tasks):
         return rows_digest(table)
-    files = ds.dataset([pa_fs.FileSystem.from_uri(t.file.file_path)[1] for t in tasks], format="parquet")
+    if all(p.startswith("file:") for p in paths):
+        files = ds.dataset([pa_fs.FileSystem.from_uri(p)[1] for p in paths], format="parquet")
+    elif filesystem is not None and all(p.startswith("s3://") for p in paths):
+        files = ds.dataset([p.removeprefix("s3://") for p in paths], format="parquet", filesystem=filesystem)
+    else:  # S3 without a filesystem: through the table's FileIO
+        return rows_digest(table)
     wanted = index_by_name(table.schema())
     for fragment in files.get_fragments():  # readers match columns by field id: every file's ids by name
         try:

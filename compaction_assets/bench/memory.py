@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import click
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pyiceberg.transforms import IdentityTransform
 
@@ -113,14 +114,30 @@ def measure_s3(spark, root: Path, path: str, gib: float = 2.0, log: Callable[[st
     sources = write_group(folder / "source", "flat", gib, FILE_BYTES[path])
     bytes_in = sum(p.stat().st_size for p in sources)
     try:
+        expected = datasets.sources_digest(sources)  # the local copies, read at once
         with slow_s3(0.0) as s3:
-            keys = s3_dataset.upload(s3_dataset.filesystem(s3), folder / "source", f"{s3.bucket}/memory")
+            fs = s3_dataset.filesystem(s3)
+            keys = upload_group(fs, sources, f"{s3.bucket}/memory")
             engine = s3_dataset.s3_engine(root, s3, spark)
             name = f"bench.memory_s3_{path}"
             s3_dataset.iceberg_table(engine, name, pq.read_schema(sources[0]), keys, one_group(bytes_in))
-            return compact_group(engine, name, "s3", len(sources), bytes_in, log)
+            return compact_group(engine, name, "s3", len(sources), bytes_in, log, expected=expected, filesystem=fs)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def upload_group(fs: pafs.S3FileSystem, sources: list[Path], destination: str) -> list[str]:
+    """`write_group`'s files at `destination` (bucket/prefix): its distinct files uploaded, the
+    others copies made by the server (no second trip of their bytes); the object keys, sorted."""
+    keys = []
+    for k, source in enumerate(sources):
+        key = f"{destination}/{source.name}"
+        if k < DISTINCT:
+            pafs.copy_files(str(source), key, destination_filesystem=fs)
+        else:
+            fs.copy_file(keys[k % DISTINCT], key)
+        keys.append(key)
+    return sorted(keys)
 
 
 def one_group(bytes_in: int) -> dict[str, str]:
@@ -141,11 +158,13 @@ def compact_group(
     order: str = "none",
     ours: OursProcess | None = None,
     expected: RowsDigest | None = None,
+    filesystem: pafs.FileSystem | None = None,
 ) -> dict:
     """Compact table `name` (one group), check its rows by content (against `expected`, default:
     the table's before), log and return the figures. With `ours` (our engine in a process of its
     own) the group is compacted there and the peak RSS summed over its whole tree (that process,
-    its Spark JVM and Python workers) is taken too; else in this process, the worker's peak only."""
+    its Spark JVM and Python workers) is taken too; else in this process, the worker's peak only.
+    `filesystem`: the result's, where it is on S3 (contenders.table_digest)."""
     expected = expected or rows_digest(engine.catalog.load_table(name))
     tree = None
     if ours is not None:
@@ -157,7 +176,7 @@ def compact_group(
         [compacted] = engine.compact(name)
         seconds = time.perf_counter() - started
         outcome = outcome_fields(compacted)
-    identical = contenders.table_digest(engine.catalog.load_table(name)) == expected
+    identical = contenders.table_digest(engine.catalog.load_table(name), filesystem) == expected
     sorted_by = f" sorted ({order}, {outcome['spill_files']} spill runs)" if order != "none" else ""
     whole = f", whole tree {tree.peak / MiB:.0f} MiB (PSS {tree.peak_pss / MiB:.0f})" if tree else ""
     log(
