@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.dataset as ds
-import pyarrow.fs as pa_fs
 import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog
 from pyiceberg.io.pyarrow import pyarrow_to_schema
@@ -32,6 +31,7 @@ from compaction_assets.bench.ours_process import OursProcess
 from compaction_assets.execution.worker import peak_rss
 from compaction_assets.lake.catalog import load_table
 from compaction_assets.lake.digest import RowsDigest, batches_digest, rows_digest
+from compaction_assets.lake.storage import filesystem_of
 
 ICEBERG_JAVA = "iceberg-java"
 
@@ -66,11 +66,9 @@ def ours(
     expected: RowsDigest,
     bytes_in: int,
     files: int,
-    filesystem: pa_fs.FileSystem | None = None,
 ) -> Result:
     """Our engine in its own process (bench/ours_process.py): plan, one Spark job over the groups,
-    two-phase commit; timed in that process, its whole process tree sampled. `filesystem`: the one
-    the result is read back through where it is on S3 (table_digest)."""
+    two-phase commit; timed in that process, its whole process tree sampled."""
     with footprint.TreePeak([process.pid]) as tree:
         compacted = process.compact(table_name)
     if compacted.failed() or not compacted.outcomes:
@@ -88,7 +86,7 @@ def ours(
         after,
         max(o["peak_worker_rss"] for o in outcomes),
         "spark python worker",
-        table_digest(table, filesystem) == expected,
+        table_digest(table) == expected,
         phases=outcomes[0]["phases"],
         path=engines(outcomes),
         bytes_after=bytes_after,
@@ -97,22 +95,20 @@ def ours(
     )
 
 
-def table_digest(table, filesystem: pa_fs.FileSystem | None = None) -> RowsDigest:  # noqa: ANN001 - a pyiceberg Table
+def table_digest(table) -> RowsDigest:  # noqa: ANN001 - a pyiceberg Table
     """The rows of a contender's result table (lake.digest): its data files scanned at once by a
-    pyarrow dataset, on Arrow's threads, where they are local (or on S3 and `filesystem` reaches
-    it), no delete file applies and every file holds the table's columns under their field ids (a
-    bench table has no schema evolution); else through pyiceberg's scan, a file at a time (small's
-    10M rows: 3 s instead of 1.3 s, twice a run)."""
+    pyarrow dataset, on Arrow's threads, on the filesystem the table's FileIO reaches them by (local
+    or S3), where they share one, no delete file applies and every file holds the table's columns
+    under their field ids (a bench table has no schema evolution); else through pyiceberg's scan, a
+    file at a time (small's 10M rows: 3 s instead of 1.3 s, twice a run)."""
     tasks = list(table.scan().plan_files())
-    paths = [t.file.file_path for t in tasks]
     if not tasks or any(t.delete_files for t in tasks):
         return rows_digest(table)
-    if all(p.startswith("file:") for p in paths):
-        files = ds.dataset([pa_fs.FileSystem.from_uri(p)[1] for p in paths], format="parquet")
-    elif filesystem is not None and all(p.startswith("s3://") for p in paths):
-        files = ds.dataset([p.removeprefix("s3://") for p in paths], format="parquet", filesystem=filesystem)
-    else:  # S3 without a filesystem: through the table's FileIO
+    located = [filesystem_of(t.file.file_path, table.io) for t in tasks]
+    filesystem = located[0][0]
+    if not all(filesystem.equals(fs) for fs, _ in located):
         return rows_digest(table)
+    files = ds.dataset([path for _, path in located], format="parquet", filesystem=filesystem)
     wanted = index_by_name(table.schema())
     for fragment in files.get_fragments():  # readers match columns by field id: every file's ids by name
         try:

@@ -39,7 +39,7 @@ from compaction_assets.bench.s3_paths import slow_s3
 from compaction_assets.config import load_config
 from compaction_assets.engine import Engine
 from compaction_assets.execution.spark import spark_session
-from compaction_assets.lake.digest import RowsDigest, rows_digest
+from compaction_assets.lake.digest import RowsDigest
 
 MiB = 1024 * 1024
 FILE_BYTES = {"polars": 6 * MiB, "arrow": 40 * MiB}  # source file size that sends a group down each path
@@ -99,7 +99,7 @@ def measure(
                 sort_order.asc("city", IdentityTransform()).desc("price", IdentityTransform())
         os.sync()
         expected = datasets.sources_digest(sources)  # read at once, on Arrow's threads (not via the scan)
-        return compact_group(engine, name, kind, len(sources), bytes_in, log, order, ours, expected)
+        return compact_group(engine, name, kind, len(sources), bytes_in, expected, log, order, ours)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -121,7 +121,7 @@ def measure_s3(spark, root: Path, path: str, gib: float = 2.0, log: Callable[[st
             engine = s3_dataset.s3_engine(root, s3, spark)
             name = f"bench.memory_s3_{path}"
             s3_dataset.iceberg_table(engine, name, pq.read_schema(sources[0]), keys, one_group(bytes_in))
-            return compact_group(engine, name, "s3", len(sources), bytes_in, log, expected=expected, filesystem=fs)
+            return compact_group(engine, name, "s3", len(sources), bytes_in, expected, log)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -154,18 +154,15 @@ def compact_group(
     kind: str,
     files: int,
     bytes_in: int,
+    expected: RowsDigest,
     log: Callable[[str], None],
     order: str = "none",
     ours: OursProcess | None = None,
-    expected: RowsDigest | None = None,
-    filesystem: pafs.FileSystem | None = None,
 ) -> dict:
-    """Compact table `name` (one group), check its rows by content (against `expected`, default:
-    the table's before), log and return the figures. With `ours` (our engine in a process of its
-    own) the group is compacted there and the peak RSS summed over its whole tree (that process,
-    its Spark JVM and Python workers) is taken too; else in this process, the worker's peak only.
-    `filesystem`: the result's, where it is on S3 (contenders.table_digest)."""
-    expected = expected or rows_digest(engine.catalog.load_table(name))
+    """Compact table `name` (one group), check its rows against `expected` (its sources' digest),
+    log and return the figures. With `ours` (our engine in a process of its own) the group is
+    compacted there and the peak RSS summed over its whole tree (that process, its Spark JVM and
+    Python workers) is taken too; else in this process, the worker's peak only."""
     tree = None
     if ours is not None:
         with footprint.TreePeak([ours.pid]) as tree:
@@ -176,7 +173,7 @@ def compact_group(
         [compacted] = engine.compact(name)
         seconds = time.perf_counter() - started
         outcome = outcome_fields(compacted)
-    identical = contenders.table_digest(engine.catalog.load_table(name), filesystem) == expected
+    identical = contenders.table_digest(engine.catalog.load_table(name)) == expected
     sorted_by = f" sorted ({order}, {outcome['spill_files']} spill runs)" if order != "none" else ""
     whole = f", whole tree {tree.peak / MiB:.0f} MiB (PSS {tree.peak_pss / MiB:.0f})" if tree else ""
     log(

@@ -170,7 +170,7 @@ def _runs(
         out = f"{s3.bucket}/pyarrow-{k}"
         peers = contenders.peer_expected(expected, k)
         for contender in (
-            partial(contenders.ours, ours, engine.catalog, table_name, expected, bytes_in, dataset.files, fs),
+            partial(contenders.ours, ours, engine.catalog, table_name, expected, bytes_in, dataset.files),
             partial(deltars, s3, delta_uri, target, peers, bytes_in, dataset.files),
             partial(pyarrow_copy, s3, sources, out, target, peers, bytes_in),
         ):

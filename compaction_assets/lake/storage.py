@@ -107,7 +107,7 @@ def is_inside(path: str, location: str) -> bool:
     return _same_file(key, root) and key.path.startswith(root.path.rstrip("/") + "/")
 
 
-def _filesystem(location: str, io: FileIO | None) -> tuple[pafs.FileSystem, str]:
+def filesystem_of(location: str, io: FileIO | None) -> tuple[pafs.FileSystem, str]:
     """The filesystem holding `location` and the raw path on it, built by the table's FileIO (with the
     catalog's s3.* properties). pyarrow's FileSystem.from_uri would URI-decode the path and ignore them,
     and pyiceberg's parse_location (urlparse) would drop a `?...` or `#...` that is part of an object's key."""
@@ -132,7 +132,7 @@ def _raw_location(location: str) -> tuple[str, str, str]:
 
 def _literal_delete(location: str, io: FileIO) -> None:
     """Delete exactly the object `location` names (see _raw_location); FileNotFoundError if it is gone."""
-    filesystem, raw = _filesystem(location, io)
+    filesystem, raw = filesystem_of(location, io)
     try:
         filesystem.delete_file(raw)
     except FileNotFoundError:
@@ -146,7 +146,7 @@ def _literal_delete(location: str, io: FileIO) -> None:
 def _listing(directory: str, io: FileIO | None, recursive: bool) -> Iterator[tuple[str, pafs.FileInfo]]:
     """(location spelled as `directory` + relative path, info) of the files under `directory`."""
     directory = directory.rstrip("/")
-    filesystem, root = _filesystem(directory, io)
+    filesystem, root = filesystem_of(directory, io)
     root = root.rstrip("/")
     selector = pafs.FileSelector(root, recursive=recursive, allow_not_found=True)
     for info in filesystem.get_file_info(selector):
@@ -190,7 +190,7 @@ def file_sizes(io: FileIO, paths: list[str]) -> dict[str, int]:
     """Sizes of those of `paths` that exist."""
     sizes = {}
     for path in paths:
-        filesystem, raw = _filesystem(path, io)
+        filesystem, raw = filesystem_of(path, io)
         try:
             info = filesystem.get_file_info(raw)
         except pa.ArrowInvalid:  # a key pyarrow cannot address (`a//b`): its size is unknown
