@@ -8,7 +8,6 @@ import math
 
 import pyarrow as pa
 import pytest
-from pyiceberg.io.pyarrow import _dataframe_to_data_files
 from pyiceberg.manifest import ManifestEntryStatus
 from pyiceberg.schema import Schema
 from pyiceberg.typedef import Record
@@ -17,6 +16,7 @@ from pyiceberg.types import FloatType, LongType, NestedField
 import compaction_assets.commit.two_phase as two_phase
 from compaction_assets.commit.ledger import Status
 from compaction_assets.demo import append_fragments
+from compaction_assets.iceberg_compat.arrow import dataframe_to_data_files
 from compaction_assets.lake.files import live_files
 from tests.conftest import BY_REGION, SCHEMA, batch, create_fragmented
 from tests.foreign_deletes import commit_deletes, equality_delete
@@ -109,7 +109,7 @@ def test_an_infinite_float32_partition_commits(lake, amount):
             for i in range(6):
                 ids = range(start + 20 * i, start + 20 * i + 20)
                 rows_ = pa.table({"id": list(ids), "amount": [value] * 20}, schema=arrow_schema)
-                for data_file in _dataframe_to_data_files(unpartitioned, rows_, table.io):
+                for data_file in dataframe_to_data_files(unpartitioned, rows_, table.io):
                     data_file[3] = Record(value)  # the partition tuple, as Spark or Flink would write it
                     data_file.spec_id = 1
                     append.append_data_file(data_file)

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
-from pyiceberg.io.pyarrow import PyArrowFileIO, _dataframe_to_data_files, schema_to_pyarrow
+from pyiceberg.io.pyarrow import PyArrowFileIO, schema_to_pyarrow
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestEntry, ManifestEntryStatus, write_manifest
 from pyiceberg.schema import Schema
 from pyiceberg.table.snapshots import Operation, Summary
@@ -23,6 +23,7 @@ from pyiceberg.types import DoubleType, LongType, NestedField, UUIDType
 from compaction_assets.demo import append_fragments
 from compaction_assets.execution.delete_tiers import TierJob, convert_equality_deletes
 from compaction_assets.execution.deletes import GroupDeletes
+from compaction_assets.iceberg_compat.arrow import dataframe_to_data_files
 from compaction_assets.lake.delete_files import (
     _AddDeleteFiles,
     commit_delete_files,
@@ -156,29 +157,30 @@ class _RowDelta(_AddDeleteFiles):
         super().__init__(**kwargs)
         self._data = data
 
-    def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
-        deletes, self._added_data_files = self._added_data_files, [*self._added_data_files, *self._data]
+    def snapshot_summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
+        deletes = list(self.added_files)
+        self.added_files.extend(self._data)  # pyiceberg's collector counts the data files too
         try:
-            return super()._summary(snapshot_properties)
+            return super().snapshot_summary(snapshot_properties)
         finally:
-            self._added_data_files = deletes
+            self.added_files[:] = deletes
 
-    def _manifests(self) -> list:
-        manifests = super()._manifests()
-        metadata = self._transaction.table_metadata
+    def manifests(self) -> list:
+        manifests = super().manifests()
+        metadata = self.table_metadata
         writer = write_manifest(
             format_version=2,
             spec=metadata.specs()[self._data[0].spec_id],
             schema=metadata.schema(),
             output_file=self.new_manifest_output(),
-            snapshot_id=self._snapshot_id,
-            avro_compression=self._compression,
+            snapshot_id=self.snapshot_id,
+            avro_compression=self.compression,
         )
         with writer:
             for data_file in self._data:
                 writer.add(
                     ManifestEntry.from_args(
-                        status=ManifestEntryStatus.ADDED, snapshot_id=self._snapshot_id, data_file=data_file
+                        status=ManifestEntryStatus.ADDED, snapshot_id=self.snapshot_id, data_file=data_file
                     )
                 )
         return [*manifests, writer.to_manifest_file()]
@@ -187,7 +189,7 @@ class _RowDelta(_AddDeleteFiles):
 def upsert(table, rows: pa.Table, deletes: list, own_positions: list[int] = ()) -> None:  # noqa: ANN001
     """Commit `rows` as new data files and `deletes` in one snapshot (with `own_positions`: also a
     position delete of those rows of the first new file, as Flink writes for a key updated twice)."""
-    data = list(_dataframe_to_data_files(table_metadata=table.metadata, df=rows, io=table.io))
+    data = list(dataframe_to_data_files(table.metadata, rows, table.io))
     for data_file in data:
         data_file.spec_id = table.spec().spec_id
     if own_positions:

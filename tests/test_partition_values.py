@@ -8,10 +8,10 @@ import struct
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.expressions import EqualTo, IsNull
-from pyiceberg.io.pyarrow import _dataframe_to_data_files
 from pyiceberg.typedef import Record
 
 from compaction_assets.demo import append_fragments
+from compaction_assets.iceberg_compat.arrow import dataframe_to_data_files
 from compaction_assets.lake.files import live_files
 from compaction_assets.lake.partition_key import NULL_TOKEN
 from tests.conftest import BY_REGION, SCHEMA, batch
@@ -74,7 +74,7 @@ def _append_float_partitions(table, batches: list[tuple[float, pa.Table]]) -> No
     unpartitioned = table.metadata.model_copy(update={"default_spec_id": 0})
     with table.transaction() as txn, txn.update_snapshot().fast_append() as append:
         for amount, rows in batches:
-            for data_file in _dataframe_to_data_files(unpartitioned, rows, table.io):
+            for data_file in dataframe_to_data_files(unpartitioned, rows, table.io):
                 data_file[3] = Record(amount)  # DataFile field 3: the partition tuple
                 data_file.spec_id = 1
                 append.append_data_file(data_file)

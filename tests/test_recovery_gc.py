@@ -12,12 +12,12 @@ from urllib.parse import urlparse
 
 import pyarrow.parquet as pq
 import pytest
-from pyiceberg.io.pyarrow import _dataframe_to_data_files
 
 from compaction_assets.commit.ledger import Ledger, Status
 from compaction_assets.commit.recovery import PARK_AFTER, recover
 from compaction_assets.demo import append_fragments
 from compaction_assets.errors import CompactionError
+from compaction_assets.iceberg_compat.arrow import dataframe_to_data_files
 from compaction_assets.lake.datafile_codec import datafile_from_json, datafile_to_json
 from compaction_assets.lake.digest import rows_digest
 from compaction_assets.lake.files import live_data_files_by_path
@@ -46,7 +46,7 @@ def prepare_by_hand(lake, name: str, task_id: str, corrupt: bool = False):
     writes the result file); `corrupt` drops a field from its ledger record, so recommitting raises."""
     table = lake.table(name)
     sources = sorted(live_data_files_by_path(table))
-    [result] = _dataframe_to_data_files(table.metadata, table.scan().to_arrow(), table.io)
+    [result] = dataframe_to_data_files(table.metadata, table.scan().to_arrow(), table.io)
     result.spec_id = table.spec().spec_id  # pyiceberg 0.12 leaves it unset until the file is appended
     doc = datafile_to_json(result)
     if corrupt:

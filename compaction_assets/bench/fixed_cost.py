@@ -21,6 +21,7 @@ from dagster import DagsterEventType, DagsterInstance
 from compaction_assets.bench.datasets import rows
 from compaction_assets.config import load_config
 from compaction_assets.dagster_host import process as run_host
+from compaction_assets.dagster_host.dagster_internals import SYNC_RUN_COORDINATOR_MODULE
 from compaction_assets.defs.naming import table_key
 from compaction_assets.demo import append_fragments
 from compaction_assets.execution import connect_server
@@ -70,10 +71,10 @@ def timed_dagster_run(config_path: Path, name: str) -> tuple[float, float]:
     return seconds, seconds - float(found.group(1))
 
 
-_HOST_YAML = """telemetry: {enabled: false}
-run_launcher: {module: compaction_assets.dagster_host.launcher, class: WarmRunLauncher}
+_HOST_YAML = f"""telemetry: {{enabled: false}}
+run_launcher: {{module: compaction_assets.dagster_host.launcher, class: WarmRunLauncher}}
 run_coordinator:
-  module: dagster._core.run_coordinator.sync_in_memory_run_coordinator
+  module: {SYNC_RUN_COORDINATOR_MODULE}
   class: SyncInMemoryRunCoordinator
 """
 

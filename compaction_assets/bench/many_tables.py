@@ -46,8 +46,8 @@ began = time.perf_counter()
 import compaction_assets.definitions as d
 repository = d.defs.get_repository_def()
 wall, cpu = time.perf_counter() - began, time.process_time()
-from dagster._core.remote_representation.external_data import RepositorySnap
-from dagster._serdes import serialize_value
+from dagster import serialize_value
+from compaction_assets.dagster_host.dagster_internals import RepositorySnap
 serialize_value(RepositorySnap.from_def(repository))  # what a code server sends
 print("RESULT", wall, cpu, time.process_time())
 """
@@ -55,14 +55,14 @@ print("RESULT", wall, cpu, time.process_time())
 _CODE_SERVER = """
 import time
 from dagster import DagsterInstance
-from dagster._cli.workspace.cli_target import get_code_location_from_workspace, get_workspace_from_cli_opts
+from compaction_assets.dagster_host import dagster_internals as internals
 from dagster.version import __version__
 from dagster_shared.cli import WorkspaceOpts
 with DagsterInstance.get() as instance:
     began = time.perf_counter()
     opts = WorkspaceOpts(module_name=("compaction_assets.definitions",))
-    with get_workspace_from_cli_opts(instance, version=__version__, workspace_opts=opts) as workspace:
-        location = get_code_location_from_workspace(workspace, None)
+    with internals.get_workspace_from_cli_opts(instance, version=__version__, workspace_opts=opts) as workspace:
+        location = internals.get_code_location_from_workspace(workspace, None)
         assets = sum(len(r.get_asset_node_snaps()) for r in location.get_repositories().values())
         print("RESULT", time.perf_counter() - began, assets)
 """
@@ -171,12 +171,15 @@ def run_start(config_path: Path, table: str, scoped: bool) -> tuple[float, float
     """Seconds from `dagster api execute_run`'s start to its first step's start, for a run of
     `table` created through a code server (as a launched run is), and the CPU seconds of the
     worker process, start to exit (its step compacts an empty table: nothing to do)."""
-    from dagster._cli.workspace.cli_target import get_code_location_from_workspace, get_workspace_from_cli_opts
-    from dagster._grpc.types import ExecuteRunArgs
-    from dagster._serdes import serialize_value
+    from dagster import serialize_value
     from dagster.version import __version__
     from dagster_shared.cli import WorkspaceOpts
 
+    from compaction_assets.dagster_host.dagster_internals import (
+        ExecuteRunArgs,
+        get_code_location_from_workspace,
+        get_workspace_from_cli_opts,
+    )
     from compaction_assets.dagster_host.submit import create_table_run
 
     env = _home(config_path)

@@ -31,15 +31,16 @@ from pathlib import Path
 
 import pyarrow as pa
 import yaml
-from pyiceberg.io.pyarrow import _dataframe_to_data_files
 from pyiceberg.manifest import DataFile, ManifestEntry, ManifestEntryStatus, ManifestFile
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table.snapshots import Operation
-from pyiceberg.table.update.snapshot import _FastAppendFiles
 from pyiceberg.transforms import DayTransform, IdentityTransform
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType, TimestampType
 
+from compaction_assets.iceberg_compat.arrow import dataframe_to_data_files
+from compaction_assets.iceberg_compat.metadata import record_values
+from compaction_assets.iceberg_compat.producers import AppendProducer
 from compaction_assets.lake.catalog import open_catalog
 
 TABLE = "scale.events"
@@ -101,7 +102,7 @@ def ensure_table(
     catalog.create_namespace_if_not_exists(TABLE.split(".")[0])
     table = catalog.create_table(TABLE, schema=SCHEMA, partition_spec=SPEC)
     originals = sorted(
-        _dataframe_to_data_files(table.metadata, _rows(partitions), table.io), key=lambda f: f.file_path
+        dataframe_to_data_files(table.metadata, _rows(partitions), table.io), key=lambda f: f.file_path
     )  # one file per partition: pyiceberg splits the rows by partition
     if len(originals) != partitions:
         raise RuntimeError(f"plan-scale: expected {partitions} partition files, pyiceberg wrote {len(originals)}")
@@ -133,28 +134,28 @@ def ensure_table(
     return built
 
 
-class _ManifestPerBatch(_FastAppendFiles):
+class _ManifestPerBatch(AppendProducer):
     """A fast append writing one manifest per batch of files (as many micro-batch commits would)."""
 
     batches: list[list[DataFile]]
 
-    def _manifests(self) -> list[ManifestFile]:
+    def manifests(self) -> list[ManifestFile]:
         """One ADDED manifest per batch, then the parent's manifests."""
         written = []
         for batch in self.batches:
-            with self.new_manifest_writer(self._transaction.table_metadata.spec()) as writer:
+            with self.new_manifest_writer(self.table_metadata.spec()) as writer:
                 for data_file in batch:
                     writer.add(
                         ManifestEntry.from_args(
                             status=ManifestEntryStatus.ADDED,
-                            snapshot_id=self._snapshot_id,
+                            snapshot_id=self.snapshot_id,
                             sequence_number=None,
                             file_sequence_number=None,
                             data_file=data_file,
                         )
                     )
             written.append(writer.to_manifest_file())
-        return written + self._existing_manifests()
+        return written + self.existing_manifests()
 
 
 def _rows(partitions: int) -> pa.Table:
@@ -193,7 +194,7 @@ def _linked(original: DataFile, copy: int) -> DataFile:
     source = original.file_path.removeprefix("file://")
     target = source.removesuffix(".parquet") + f"-c{copy:03d}.parquet"
     os.link(source, target)
-    data_file = DataFile(*original._data)
+    data_file = DataFile(*record_values(original))
     data_file[1] = f"file://{target}" if original.file_path.startswith("file://") else target
     return data_file
 

@@ -33,8 +33,8 @@ is encoded again by pyiceberg's v2 writer, its entries' sequence numbers as inhe
 A run that would not leave fewer manifests commits nothing.
 
 pyiceberg 0.12 has no RewriteManifests producer: `_RewriteManifests` below is built on its
-private `_SnapshotProducer` (the snapshot, manifest list, commit and retry machinery), the only
-pyiceberg internal this module uses.
+snapshot producer (the snapshot, manifest list, commit and retry machinery), reached through
+iceberg_compat.producers.SnapshotProducer.
 """
 
 from __future__ import annotations
@@ -52,7 +52,6 @@ from pyiceberg.manifest import ManifestContent, ManifestEntry, ManifestEntryStat
 from pyiceberg.table import Table, TableProperties, Transaction
 from pyiceberg.table.snapshots import Operation, Snapshot, Summary
 from pyiceberg.table.update import UpdatesAndRequirements
-from pyiceberg.table.update.snapshot import _SnapshotProducer  # pyiceberg 0.12 private: no public producer
 from pyiceberg.typedef import EMPTY_DICT
 from pyiceberg.utils.concurrent import ExecutorFactory
 
@@ -71,6 +70,7 @@ from compaction_assets.commit.two_phase import (
 from compaction_assets.errors import CompactionError
 from compaction_assets.faults import crash_point
 from compaction_assets.gc_pause import gc_paused
+from compaction_assets.iceberg_compat.producers import SnapshotProducer
 from compaction_assets.lake.delete_files import _DeleteManifestWriter
 from compaction_assets.lake.features import manifest_refusal, manifest_version_refusal
 from compaction_assets.lake.manifest_cache import manifest_contents
@@ -361,7 +361,7 @@ def committed_by_manifests(table: Table, attempt: Attempt) -> int | None:
     return None
 
 
-class _RewriteManifests(_SnapshotProducer["_RewriteManifests"]):
+class _RewriteManifests(SnapshotProducer):
     """A `replace` snapshot whose manifest list is the head's with the replaced manifests swapped
     for the written ones (Java's BaseRewriteManifests); made again on each of pyiceberg's commit
     retries with the new head as parent. Raises ValidationException if that head does not descend
@@ -385,28 +385,28 @@ class _RewriteManifests(_SnapshotProducer["_RewriteManifests"]):
         self._written = written
         self._entries = entries
 
-    def _deleted_entries(self) -> list[ManifestEntry]:
+    def deleted_entries(self) -> list[ManifestEntry]:
         return []
 
-    def _existing_manifests(self) -> list[ManifestFile]:
+    def existing_manifests(self) -> list[ManifestFile]:
         return []
 
-    def _validate_concurrency(self) -> None:
-        """Nothing here: `_manifests` checks the replaced manifests against each try's head."""
+    def validate_concurrency(self) -> None:
+        """Nothing here: `manifests` checks the replaced manifests against each try's head."""
 
-    def _commit(self) -> UpdatesAndRequirements:
+    def snapshot_updates(self) -> UpdatesAndRequirements:
         """pyiceberg's, with the table's numbering required unchanged (two_phase.numbered): a table
         upgraded to format version 3, or numbered on by a commit to another branch, since this
         try's metadata is a retry, not a snapshot pyiceberg refuses with an unknown outcome."""
-        return numbered(super()._commit(), self._transaction.table_metadata)
+        return numbered(super().snapshot_updates(), self.table_metadata)
 
-    def _manifests(self) -> list[ManifestFile]:
-        metadata = self._transaction.table_metadata
+    def manifests(self) -> list[ManifestFile]:
+        metadata, parent_id = self.table_metadata, self.parent_snapshot_id
         if reason := manifest_version_refusal(metadata.format_version):
             raise ValidationException(reason)
-        base_history(metadata, self._base_snapshot_id, self._parent_snapshot_id)
-        parent = metadata.snapshot_by_id(self._parent_snapshot_id) if self._parent_snapshot_id is not None else None
-        current = parent.manifests(self._io) if parent is not None else []
+        base_history(metadata, self._base_snapshot_id, parent_id)
+        parent = metadata.snapshot_by_id(parent_id) if parent_id is not None else None
+        current = parent.manifests(self.file_io) if parent is not None else []
         if missing := self._replaced - {m.manifest_path for m in current}:
             raise ValidationException(
                 f"{len(missing)} manifest(s) to replace are no longer in the table's current snapshot "
@@ -416,10 +416,10 @@ class _RewriteManifests(_SnapshotProducer["_RewriteManifests"]):
         self._kept = len(kept)
         return [*self._written, *kept]
 
-    def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
+    def snapshot_summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
         """No file added or removed: the parent's totals, and Java's manifest counts."""
-        metadata = self._transaction.table_metadata
-        parent = metadata.snapshot_by_id(self._parent_snapshot_id) if self._parent_snapshot_id is not None else None
+        metadata, parent_id = self.table_metadata, self.parent_snapshot_id
+        parent = metadata.snapshot_by_id(parent_id) if parent_id is not None else None
         previous = parent.summary.additional_properties if parent is not None and parent.summary is not None else {}
         totals = {k: v for k, v in previous.items() if k.startswith("total-")}
         counts = {
@@ -428,4 +428,4 @@ class _RewriteManifests(_SnapshotProducer["_RewriteManifests"]):
             MANIFESTS_REPLACED: str(len(self._replaced)),
             ENTRIES_PROCESSED: str(self._entries),
         }
-        return Summary(operation=self._operation, **totals, **counts, **snapshot_properties)
+        return Summary(operation=self.operation, **totals, **counts, **snapshot_properties)

@@ -85,11 +85,6 @@ from pyiceberg.table.update import (
     TableRequirement,
     UpdatesAndRequirements,
 )
-from pyiceberg.table.update.snapshot import (  # pyiceberg 0.12 private
-    _ManifestMergeManager,
-    _new_manifest_list_file_name,
-    _OverwriteFiles,
-)
 from pyiceberg.typedef import EMPTY_DICT, KeyDefaultDict, Record
 from pyiceberg.utils.concurrent import ExecutorFactory
 from pyiceberg.utils.properties import property_as_bool, property_as_int
@@ -98,6 +93,7 @@ from compaction_assets.commit.ledger import Attempt, Ledger, StaleAttempt, Statu
 from compaction_assets.errors import BackOff
 from compaction_assets.faults import crash_point
 from compaction_assets.gc_pause import gc_paused
+from compaction_assets.iceberg_compat.producers import OverwriteProducer
 from compaction_assets.lake.datafile_codec import datafile_from_json
 from compaction_assets.lake.delete_files import _DeleteManifestWriter
 from compaction_assets.lake.deletes import (
@@ -518,7 +514,7 @@ def _numbering(metadata: TableMetadata) -> tuple[int, int, int | None]:
 
 
 def numbered(commit: UpdatesAndRequirements, metadata: TableMetadata) -> UpdatesAndRequirements:
-    """A producer's `_commit` result with its assert-ref-snapshot-id requiring, besides the branch
+    """A producer's `snapshot_updates` result with its assert-ref-snapshot-id requiring, besides the branch
     head, the numbering `metadata` gave the snapshot (_AssertNumbering)."""
     updates, requirements = commit
 
@@ -532,20 +528,20 @@ def numbered(commit: UpdatesAndRequirements, metadata: TableMetadata) -> Updates
     return updates, tuple(checked(r) for r in requirements)
 
 
-class _RewriteFiles(_OverwriteFiles):
+class _RewriteFiles(OverwriteProducer):
     """A `replace` snapshot (a data expiration's: `delete` or `overwrite`) with Iceberg RewriteFiles
     semantics (Java's BaseRewriteFiles and MergingSnapshotProducer), built on pyiceberg 0.12's
-    private _OverwriteFiles: pyiceberg 0.12 has no public producer for it (the upstream proposal,
+    overwrite producer (iceberg_compat.producers): pyiceberg 0.12 has no public producer for it (the upstream proposal,
     iceberg-python #3130 / PR #3131, adds `UpdateSnapshot.replace()`; drop this class for it once
     released).
 
-    Validation, on every commit try (pyiceberg calls `_manifests` again on each of its retries,
+    Validation, on every commit try (pyiceberg calls `manifests` again on each of its retries,
     with the refreshed head as parent): the parent descends from every attempt's base (base_history);
     every replaced file, data or delete, is live in the parent;
     no position delete file that can apply to a replaced data file (lake.deletes) was added after
     its attempt's base snapshot; no replaced equality delete applies to a data file its attempt
     did not cover (_uncovered). Rows appended concurrently are no conflict (pyiceberg's own
-    serializable check says they are: `_validate_concurrency` is replaced, since its window starts
+    serializable check says they are: `validate_concurrency` is replaced, since its window starts
     at the head this producer was created on, not at the attempts' bases).
 
     Dangling deletes, decided on the parent each try: a live delete file that applied to a replaced
@@ -578,7 +574,7 @@ class _RewriteFiles(_OverwriteFiles):
     does): manifests are written by manifest_io.ManifestWriterV3, entries written again (restated,
     merged) carry their data files' first_row_id as readers inherit it, so rows keep their ids; the
     manifest list (manifest_io.ManifestListWriterV3) assigns new row ids to the data manifests this
-    snapshot wrote, and the snapshot records first-row-id and added-rows (_commit). A deletion vector
+    snapshot wrote, and the snapshot records first-row-id and added-rows (snapshot_updates). A deletion vector
     is one blob of a Puffin file many share: removed by its key (lake.deletes.file_key), dangling once
     its data file is replaced, counted as Java does (`removed-dvs`). Results must hold row lineage
     (_format_conflict: a table upgraded after the plan makes the attempt back off).
@@ -598,7 +594,7 @@ class _RewriteFiles(_OverwriteFiles):
         self._dangling: list[DataFile] = []  # this try's
         self._global_specs = global_spec_ids(transaction.table_metadata.specs().values())
         self._scanned: list[tuple[ManifestFile, ManifestContents, list[int]]] = []  # this try's
-        # format version 3 (this try's metadata, see _commit): row lineage kept (first_row_id), v3
+        # format version 3 (this try's metadata, see snapshot_updates): row lineage kept (first_row_id), v3
         # manifests and manifest list written
         self._lineage = transaction.table_metadata.format_version >= MIN_LINEAGE_VERSION
         for rewrite in rewrites:
@@ -608,16 +604,16 @@ class _RewriteFiles(_OverwriteFiles):
                 self.append_data_file(data_file)
                 self._data_sequence_numbers[data_file.file_path] = rewrite.data_sequence_number
 
-    def _manifests(self) -> list[ManifestFile]:
+    def manifests(self) -> list[ManifestFile]:
         self._validate_no_new_deletes()
-        self._build_delete_files_partition_predicate()
-        self._scanned = self._scan(self._parent_snapshot_id)
+        self.build_partition_filters()
+        self._scanned = self._scan(self.parent_snapshot_id)
         removed = [(c, p) for _, c, p in self._scanned if p]
         executor = ExecutorFactory.get_or_create()
         added = executor.submit(self._added_manifests)
         deleted = executor.submit(self._restated_manifests, removed, ManifestEntryStatus.DELETED)
-        existing = executor.submit(self._existing_manifests)
-        return self._process_manifests(added.result() + deleted.result() + existing.result())
+        existing = executor.submit(self.existing_manifests)
+        return self.process_manifests(added.result() + deleted.result() + existing.result())
 
     @property
     def replaced_manifests(self) -> list[str]:
@@ -629,19 +625,19 @@ class _RewriteFiles(_OverwriteFiles):
         a bound method) makes of the producer, so that it and all it holds (the replaced files, the
         scanned manifests' entries) are freed when dropped, not by Python's cyclic collector later
         (a sweep of thousands of entries, in whatever runs next)."""
-        self.__dict__.pop("partition_filters", None)
+        self.drop_partition_filters()
 
-    def _validate_concurrency(self) -> None:
-        """Nothing here: `_manifests` validates every try against the attempts' own bases."""
+    def validate_concurrency(self) -> None:
+        """Nothing here: `manifests` validates every try against the attempts' own bases."""
 
     def _spec_schema(self, spec_id: int) -> Schema:
         """lake.manifest_io.partition_schema of the transaction's metadata. (Each call rebuilds the
         transaction's metadata: ask once per spec.)"""
-        return partition_schema(self._transaction.table_metadata, spec_id)
+        return partition_schema(self.table_metadata, spec_id)
 
-    def _build_manifest_evaluator(self, spec_id: int) -> Callable[[ManifestFile], bool]:
+    def manifest_evaluator(self, spec_id: int) -> Callable[[ManifestFile], bool]:
         return manifest_evaluator(
-            self.spec(spec_id), self._spec_schema(spec_id), self.partition_filters[spec_id], self._case_sensitive
+            self.spec(spec_id), self._spec_schema(spec_id), self.partition_filters[spec_id], self.case_sensitive
         )
 
     def new_manifest_writer(self, spec: PartitionSpec) -> ManifestWriter:
@@ -649,14 +645,14 @@ class _RewriteFiles(_OverwriteFiles):
         format version 3: manifest_io.ManifestWriterV3 (pyiceberg 0.12 writes no v3 manifest)."""
         if self._lineage:
             schema, output = self._spec_schema(spec.spec_id), self.new_manifest_output()
-            return ManifestWriterV3(spec, schema, output, self._snapshot_id, self._compression)
+            return ManifestWriterV3(spec, schema, output, self.snapshot_id, self.compression)
         return write_manifest(
-            format_version=self._transaction.table_metadata.format_version,
+            format_version=self.table_metadata.format_version,
             spec=spec,
             schema=self._spec_schema(spec.spec_id),
             output_file=self.new_manifest_output(),
-            snapshot_id=self._snapshot_id,
-            avro_compression=self._compression,
+            snapshot_id=self.snapshot_id,
+            avro_compression=self.compression,
         )
 
     def _new_writer(self, content: ManifestContent, spec: PartitionSpec) -> ManifestWriter:
@@ -666,46 +662,45 @@ class _RewriteFiles(_OverwriteFiles):
             return self.new_manifest_writer(spec)
         schema, output = self._spec_schema(spec.spec_id), self.new_manifest_output()
         if self._lineage:
-            return ManifestWriterV3(spec, schema, output, self._snapshot_id, self._compression, content)
-        return _DeleteManifestWriter(spec, schema, output, self._snapshot_id, self._compression)
+            return ManifestWriterV3(spec, schema, output, self.snapshot_id, self.compression, content)
+        return _DeleteManifestWriter(spec, schema, output, self.snapshot_id, self.compression)
 
     def fetch_manifest_entry(self, manifest: ManifestFile, discard_deleted: bool = True) -> list[ManifestEntry]:
         """What pyiceberg's manifest merge writes again; format version 3: read with the v3 entry
         schema and first_row_id inherited (manifest_io.read_entries), else the merged entries would
         lose their rows' ids (pyiceberg 0.12 reads the v2 schema)."""
         if self._lineage:
-            return read_entries(manifest, self._io, discard_deleted)
+            return read_entries(manifest, self.file_io, discard_deleted)
         return super().fetch_manifest_entry(manifest, discard_deleted)
 
-    def _commit(self) -> UpdatesAndRequirements:
-        """pyiceberg 0.12's _SnapshotProducer._commit, but for format version 3 (which it cannot
+    def snapshot_updates(self) -> UpdatesAndRequirements:
+        """pyiceberg 0.12's snapshot producer's, but for format version 3 (which it cannot
         write: no v3 manifest list, and the snapshot's `added-rows` left unset): the manifest list
         assigns first_row_id to the data manifests this snapshot wrote (manifest_io.ManifestListWriterV3),
         the snapshot's first-row-id is the table's next-row-id and its added-rows what was assigned."""
-        metadata = self._transaction.table_metadata
+        metadata = self.table_metadata
         self._lineage = metadata.format_version >= MIN_LINEAGE_VERSION  # each try: another engine may upgrade
         if not self._lineage:
-            return numbered(super()._commit(), metadata)
+            return numbered(super().snapshot_updates(), metadata)
         if metadata.next_row_id is None:
             raise ValidationException("format-version 3 table without next-row-id: cannot assign row ids")
-        manifests = self._manifests()
+        manifests = self.manifests()
         sequence_number = metadata.next_sequence_number()
-        summary = self._summary(self.snapshot_properties)
-        name = _new_manifest_list_file_name(snapshot_id=self._snapshot_id, attempt=0, commit_uuid=self.commit_uuid)
-        location = self._transaction._table.location_provider().new_metadata_location(name)
-        self._written_manifest_lists.append(location)
+        summary = self.snapshot_summary(self.snapshot_properties)
+        location, output = self.new_manifest_list_output()
+        parent_id = self.parent_snapshot_id
         with ManifestListWriterV3(
-            self._io.new_output(location),
-            self._snapshot_id,
-            self._parent_snapshot_id,
+            output,
+            self.snapshot_id,
+            parent_id,
             sequence_number,
             metadata.next_row_id,
-            self._compression,
+            self.compression,
         ) as writer:
             writer.add_manifests(manifests)
         snapshot = Snapshot(
-            snapshot_id=self._snapshot_id,
-            parent_snapshot_id=self._parent_snapshot_id,
+            snapshot_id=self.snapshot_id,
+            parent_snapshot_id=parent_id,
             manifest_list=location,
             sequence_number=sequence_number,
             summary=summary,
@@ -713,12 +708,12 @@ class _RewriteFiles(_OverwriteFiles):
             first_row_id=metadata.next_row_id,
             added_rows=writer.assigned_rows,
         )
-        branch = self._target_branch
+        branch = self.target_branch
         if branch is None:
             return (AddSnapshotUpdate(snapshot=snapshot),), ()
         ref = SetSnapshotRefUpdate(
-            snapshot_id=self._snapshot_id,
-            parent_snapshot_id=self._parent_snapshot_id,
+            snapshot_id=self.snapshot_id,
+            parent_snapshot_id=parent_id,
             ref_name=branch,
             type=SnapshotRefType.BRANCH,
         )
@@ -728,11 +723,11 @@ class _RewriteFiles(_OverwriteFiles):
             metadata,
         )
 
-    def _build_delete_files_partition_predicate(self) -> None:
+    def build_partition_filters(self) -> None:
         """The replaced files' partitions, per spec, to skip manifests that cannot hold one: pyiceberg's
         own, except for NaN (its EqualTo(NaN) raises) and infinities (see _value_predicate)."""
         by_spec: dict[int, list[Record]] = {}
-        for data_file in self._deleted_data_files:
+        for data_file in self.deleted_files:
             by_spec.setdefault(data_file.spec_id, []).append(data_file.partition)
         for spec_id, records in by_spec.items():
             names = [f.name for f in self.spec(spec_id).fields]
@@ -746,15 +741,15 @@ class _RewriteFiles(_OverwriteFiles):
         """Raise ValidationException if the parent (the head this try commits on) does not descend
         from an attempt's base (base_history: every attempt, delete-file tiers too), or a position
         delete added after the base can apply to one of the data files it replaces."""
-        metadata = self._transaction.table_metadata
+        metadata, parent_id = self.table_metadata, self.parent_snapshot_id
         for rewrite in self._rewrites:
-            history = base_history(metadata, rewrite.base_snapshot_id, self._parent_snapshot_id)
+            history = base_history(metadata, rewrite.base_snapshot_id, parent_id)
             if reason := _format_conflict(rewrite.added, metadata.format_version):
                 raise ValidationException(reason)
             results = [f for f in rewrite.added if f.content == DataFileContent.DATA]
             if not (replaced := rewrite.replaced_data):
                 continue
-            added = _deletes_added_since(metadata, self._io, rewrite.base_snapshot_id, history)
+            added = _deletes_added_since(metadata, self.file_io, rewrite.base_snapshot_id, history)
             if reason := _delete_conflict(replaced, added, self._global_specs, results):
                 raise ValidationException(reason)
 
@@ -768,10 +763,10 @@ class _RewriteFiles(_OverwriteFiles):
         or a delete in its partition), the delete manifests of unpartitioned specs (global deletes),
         and, when a global delete is in question, the data manifests it can apply to (by their
         minimum sequence number)."""
-        metadata = self._transaction.table_metadata
+        metadata = self.table_metadata
         snapshot = metadata.snapshot_by_id(snapshot_id) if snapshot_id is not None else None
-        manifests = snapshot_manifests(snapshot, self._io, metadata.format_version) if snapshot is not None else []
-        evaluators = KeyDefaultDict(self._build_manifest_evaluator)
+        manifests = snapshot_manifests(snapshot, self.file_io, metadata.format_version) if snapshot is not None else []
+        evaluators = KeyDefaultDict(self.manifest_evaluator)
         read: dict[int, ManifestContents] = {}
         for i, manifest in enumerate(manifests):
             global_deletes = (
@@ -780,7 +775,7 @@ class _RewriteFiles(_OverwriteFiles):
             if global_deletes or evaluators[manifest.partition_spec_id](manifest):
                 read[i] = self._contents(manifest)
         files = {f.path: f for contents in read.values() for f in _sequenced(contents)}
-        replaced = {f.file_path for f in self._deleted_data_files}
+        replaced = {f.file_path for f in self.deleted_files}
         if missing := sorted(replaced - files.keys()):
             raise ValidationException(f"Missing required files to delete: {', '.join(missing)}")
         deletes = ApplyingDeletes(
@@ -809,7 +804,7 @@ class _RewriteFiles(_OverwriteFiles):
         remaining = [f for f in files.values() if not f.is_delete and f.path not in replaced]
         results = [
             _Sequenced(f, self._data_sequence_numbers[f.file_path] or 0)
-            for f in self._added_data_files
+            for f in self.added_files
             if f.content == DataFileContent.DATA
         ]
         for rewrite in self._rewrites:
@@ -832,7 +827,7 @@ class _RewriteFiles(_OverwriteFiles):
         """A manifest's cached live entries; in a format-version-3 table with their data files'
         first_row_id as readers see it (manifest_io.with_first_row_ids), so that an entry written
         again keeps its rows' ids."""
-        contents = manifest_contents(manifest, self._io)
+        contents = manifest_contents(manifest, self.file_io)
         if not self._lineage:
             return contents
         return with_first_row_ids(contents, v3_field(manifest, MANIFEST_FIRST_ROW_ID))
@@ -841,7 +836,7 @@ class _RewriteFiles(_OverwriteFiles):
         """The added files, one manifest per content and partition spec: data files with their data
         sequence numbers, delete files inheriting this snapshot's."""
         groups: dict[tuple[ManifestContent, int], list[DataFile]] = {}
-        for data_file in self._added_data_files:
+        for data_file in self.added_files:
             content = ManifestContent.DATA if data_file.content == DataFileContent.DATA else ManifestContent.DELETES
             groups.setdefault((content, data_file.spec_id), []).append(data_file)
         manifests = []
@@ -851,7 +846,7 @@ class _RewriteFiles(_OverwriteFiles):
                     writer.add_entry(
                         ManifestEntry.from_args(
                             status=ManifestEntryStatus.ADDED,
-                            snapshot_id=self._snapshot_id,
+                            snapshot_id=self.snapshot_id,
                             sequence_number=self._data_sequence_numbers[data_file.file_path]
                             if content == ManifestContent.DATA
                             else None,
@@ -889,15 +884,15 @@ class _RewriteFiles(_OverwriteFiles):
             spec = self.spec(first.entries[positions[0]].data_file.spec_id)
             output = self.new_manifest_output()
             schema = self._spec_schema(spec.spec_id)
-            manifests.append(write_restated(output, group, status, self._snapshot_id, spec, schema))
+            manifests.append(write_restated(output, group, status, self.snapshot_id, spec, schema))
         for (content, spec_id), entries in by_spec.items():
             with self._new_writer(content, self.spec(spec_id)) as writer:
                 for entry in entries:
-                    writer.add_entry(_restated(entry, status, self._snapshot_id if deleted else entry.snapshot_id))
+                    writer.add_entry(_restated(entry, status, self.snapshot_id if deleted else entry.snapshot_id))
             manifests.append(writer.to_manifest_file())
         return manifests
 
-    def _existing_manifests(self) -> list[ManifestFile]:
+    def existing_manifests(self) -> list[ManifestFile]:
         """pyiceberg's logic on this try's scan: untouched manifests are kept as they are; one that
         held removed files is written again with the rest of its entries, EXISTING."""
         kept = []
@@ -908,29 +903,28 @@ class _RewriteFiles(_OverwriteFiles):
                 kept.extend(self._restated_manifests([(contents, remaining)], ManifestEntryStatus.EXISTING))
         return kept
 
-    def _process_manifests(self, manifests: list[ManifestFile]) -> list[ManifestFile]:
-        props = self._transaction.table_metadata.properties
+    def process_manifests(self, manifests: list[ManifestFile]) -> list[ManifestFile]:
+        props = self.table_metadata.properties
         if not property_as_bool(props, TableProperties.MANIFEST_MERGE_ENABLED, True):
             return manifests
-        merger = _ManifestMergeManager(
+        data = [m for m in manifests if m.content == ManifestContent.DATA]
+        deletes = [m for m in manifests if m.content == ManifestContent.DELETES]
+        merged = self.merge_manifests(
+            data,
             target_size_bytes=property_as_int(
                 props, TableProperties.MANIFEST_TARGET_SIZE_BYTES, TableProperties.MANIFEST_TARGET_SIZE_BYTES_DEFAULT
             ),
             min_count_to_merge=property_as_int(
                 props, TableProperties.MANIFEST_MIN_MERGE_COUNT, TableProperties.MANIFEST_MIN_MERGE_COUNT_DEFAULT
             ),
-            merge_enabled=True,
-            snapshot_producer=self,
         )
-        data = [m for m in manifests if m.content == ManifestContent.DATA]
-        deletes = [m for m in manifests if m.content == ManifestContent.DELETES]
-        return merger.merge_manifests(data) + deletes
+        return merged + deletes
 
-    def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
+    def snapshot_summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
         """Java's snapshot summary for a rewrite: what was added and removed (each file counted in
         its own spec's partition; dangling deletes among the removed), and the parent's totals
         carried forward."""
-        metadata = self._transaction.table_metadata
+        metadata = self.table_metadata
         specs = metadata.specs()
         limit = property_as_int(
             metadata.properties,
@@ -938,9 +932,9 @@ class _RewriteFiles(_OverwriteFiles):
             TableProperties.WRITE_PARTITION_SUMMARY_LIMIT_DEFAULT,
         )
         collector = SnapshotSummaryCollector(partition_summary_limit=limit or 0)
-        removed = [*self._deleted_data_files, *self._dangling]
+        removed = [*self.deleted_files, *self._dangling]
         schemas = KeyDefaultDict(self._spec_schema)  # once per spec, not per file
-        for data_file in self._added_data_files:
+        for data_file in self.added_files:
             collector.add_file(data_file, schemas[data_file.spec_id], specs[data_file.spec_id])
         for data_file in removed:
             collector.remove_file(data_file, schemas[data_file.spec_id], specs[data_file.spec_id])
@@ -948,14 +942,15 @@ class _RewriteFiles(_OverwriteFiles):
         if dvs := [f for f in removed if is_deletion_vector(f)]:
             _count_deletion_vectors(changes, dvs)
         # Java counts the unpartitioned spec's one partition (path ""); pyiceberg's collector skips it
-        files = [*self._added_data_files, *removed]
+        files = [*self.added_files, *removed]
         if changed := len(collector.partition_metrics) + any(len(f.partition) == 0 for f in files):
             changes[CHANGED_PARTITION_COUNT_PROP] = str(changed)
-        parent = metadata.snapshot_by_id(self._parent_snapshot_id) if self._parent_snapshot_id is not None else None
+        parent_id = self.parent_snapshot_id
+        parent = metadata.snapshot_by_id(parent_id) if parent_id is not None else None
         # a parent without a summary (format version 1 allows it) states no totals to carry
         previous = None if parent is None else parent.summary if parent.summary is not None else {}
         totals = _carried_totals(previous, changes)
-        return Summary(operation=self._operation, **changes, **totals, **snapshot_properties)
+        return Summary(operation=self.operation, **changes, **totals, **snapshot_properties)
 
 
 def _count_deletion_vectors(changes: dict[str, str], dvs: Sequence[DataFile]) -> None:

@@ -28,8 +28,7 @@ from compaction_assets.defs.naming import TABLES_ENV, run_tables
 # What a run imports before it compacts; the code location module itself is loaded per run.
 PRELOAD = (
     "dagster",
-    "dagster._grpc.impl",
-    "dagster._utils.hosted_user_process",
+    "compaction_assets.dagster_host.dagster_internals",
     "compaction_assets.defs.build",
     "compaction_assets.engine",
     "pyspark.sql.connect.session",
@@ -127,7 +126,7 @@ def _handle(message: dict, children: dict[int, int | None], listener: socket.soc
 
 
 def _child(message: dict) -> None:
-    """Execute the run as the code server's run process does (dagster._grpc.impl), then exit."""
+    """Execute the run as the code server's run process does (dagster_internals.core_execute_run), then exit."""
     code = 1
     try:
         os.setpgid(0, 0)  # a group of its own (in the host's session): what it starts goes with it
@@ -150,14 +149,17 @@ def _child(message: dict) -> None:
 
 def _execute_run(message: dict) -> int:
     # dagster has no public API to run a launched run in the current process; these are what the
-    # code server's run process (dagster._grpc.impl._run_in_subprocess, dagster 1.x) calls.
-    from dagster._core.events import EngineEventData
-    from dagster._core.instance import DagsterInstance, InstanceRef
-    from dagster._core.origin import JobPythonOrigin
-    from dagster._grpc.impl import core_execute_run
-    from dagster._serdes import deserialize_value
-    from dagster._utils.hosted_user_process import recon_job_from_origin
-    from dagster._utils.interrupts import capture_interrupts
+    # code server's run process (dagster._grpc.impl._run_in_subprocess, dagster 1.x) calls (dagster_internals).
+    from dagster import DagsterInstance, deserialize_value
+
+    from compaction_assets.dagster_host.dagster_internals import (
+        EngineEventData,
+        InstanceRef,
+        JobPythonOrigin,
+        capture_interrupts,
+        core_execute_run,
+        recon_job_from_origin,
+    )
 
     origin = deserialize_value(message["origin"], JobPythonOrigin)
     with (

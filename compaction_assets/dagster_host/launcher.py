@@ -14,11 +14,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from dagster import Field, StringSource
-from dagster._core.launcher import CheckRunHealthResult, DefaultRunLauncher, LaunchRunContext, WorkerStatus
-from dagster._core.storage.dagster_run import DagsterRun
-from dagster._serdes import ConfigurableClassData, serialize_value
+from dagster import DagsterInstance, DagsterRun, DefaultRunLauncher, Field, StringSource, serialize_value
 
+from compaction_assets.dagster_host.dagster_internals import (
+    CheckRunHealthResult,
+    ConfigurableClassData,
+    LaunchRunContext,
+    WorkerStatus,
+    launched_run_ids,
+    launcher_instance,
+)
 from compaction_assets.dagster_host.protocol import default_socket, request
 
 HOST_PID_TAG = "compaction/run_host_pid"
@@ -40,10 +45,14 @@ class WarmRunLauncher(DefaultRunLauncher):
         return cls(inst_data=inst_data, socket=config_value.get("socket"))
 
     @property
+    def instance(self) -> DagsterInstance:
+        return launcher_instance(self)
+
+    @property
     def socket_path(self) -> Path:
         if self._socket:
             return Path(self._socket)
-        return default_socket(self._instance.root_directory if self.has_instance else None)
+        return default_socket(self.instance.root_directory if self.has_instance else None)
 
     def launch_run(self, context: LaunchRunContext) -> None:
         run = context.dagster_run
@@ -57,17 +66,17 @@ class WarmRunLauncher(DefaultRunLauncher):
                     "op": "launch",
                     "run_id": run.run_id,
                     "origin": serialize_value(run.job_code_origin),
-                    "instance_ref": serialize_value(self._instance.get_ref()),
+                    "instance_ref": serialize_value(self.instance.get_ref()),
                 },
             )
         except OSError as exc:
             self._fall_back(context, f"no warm run host at {self.socket_path} ({type(exc).__name__})")
             return
-        self._instance.add_run_tags(run.run_id, {HOST_PID_TAG: str(answer["pid"])})
-        self._run_ids.add(run.run_id)
+        self.instance.add_run_tags(run.run_id, {HOST_PID_TAG: str(answer["pid"])})
+        launched_run_ids(self).add(run.run_id)
 
     def _fall_back(self, context: LaunchRunContext, why: str) -> None:
-        self._instance.report_engine_event(
+        self.instance.report_engine_event(
             f"{why}: launching through the code server (a new Python process per run)",
             context.dagster_run,
             cls=self.__class__,
@@ -75,16 +84,16 @@ class WarmRunLauncher(DefaultRunLauncher):
         super().launch_run(context)
 
     def terminate(self, run_id: str) -> bool:
-        run = self._instance.get_run_by_id(run_id) if self.has_instance else None
+        run = self.instance.get_run_by_id(run_id) if self.has_instance else None
         if run is None or HOST_PID_TAG not in run.tags:
             return super().terminate(run_id)
         if run.is_finished:
             return False
-        self._instance.report_run_canceling(run)
+        self.instance.report_run_canceling(run)
         try:
             return bool(request(self.socket_path, {"op": "terminate", "pid": int(run.tags[HOST_PID_TAG])})["sent"])
         except (OSError, RuntimeError) as exc:
-            self._instance.report_engine_event(f"could not terminate the run: {exc}", run, cls=self.__class__)
+            self.instance.report_engine_event(f"could not terminate the run: {exc}", run, cls=self.__class__)
             return False
 
     @property

@@ -6,20 +6,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from dagster import DagsterInstance
-from dagster._cli.workspace.cli_target import (
+from dagster import DagsterInstance, DagsterRun
+from dagster.version import __version__
+from dagster_shared.cli import WorkspaceOpts
+
+from compaction_assets.dagster_host.dagster_internals import (
+    IMPLICIT_ASSET_JOB_NAME,
+    CodeLocation,
+    JobSubsetSelector,
+    RemoteRepository,
     get_code_location_from_workspace,
     get_remote_repository_from_code_location,
     get_workspace_from_cli_opts,
 )
-from dagster._core.definitions.assets.job.asset_job import IMPLICIT_ASSET_JOB_NAME
-from dagster._core.definitions.selector import JobSubsetSelector
-from dagster._core.remote_representation.code_location import CodeLocation
-from dagster._core.remote_representation.external import RemoteRepository
-from dagster._core.storage.dagster_run import DagsterRun
-from dagster.version import __version__
-from dagster_shared.cli import WorkspaceOpts
-
 from compaction_assets.defs.naming import PARTITION_TAG, table_key
 
 DEFINITIONS_MODULE = "compaction_assets.definitions"

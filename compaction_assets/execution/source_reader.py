@@ -39,7 +39,7 @@ import pyarrow.dataset as ds
 import pyarrow.fs  # noqa: F401 - pa.fs
 from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.io import FileIO, InputFile, InputStream, OutputFile
-from pyiceberg.io.pyarrow import ArrowScan, PyArrowFileIO, _to_requested_schema, pyarrow_to_schema
+from pyiceberg.io.pyarrow import ArrowScan, PyArrowFileIO, pyarrow_to_schema
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask
@@ -56,6 +56,7 @@ from compaction_assets.execution.lineage import (
     lineage_positions,
     with_lineage_fields,
 )
+from compaction_assets.iceberg_compat.arrow import scan_batches_with_deletes, to_requested_schema
 
 NestedType = StructType | ListType | MapType
 MiB = 1024 * 1024
@@ -191,7 +192,7 @@ class SourceReader:
         ):
             return None
         empty = pa.RecordBatch.from_arrays([pa.array([], f.type) for f in physical], schema=physical)
-        scanned = _to_requested_schema(
+        scanned = to_requested_schema(
             self._schema,
             file_schema,
             empty,
@@ -334,7 +335,7 @@ def projected_batches(
     )
     data_file.spec_id = spec_id
     # The generator behind ArrowScan.to_record_batches, without its whole-file materialisation.
-    batches = scan._record_batches_from_scan_tasks_and_deletes([FileScanTask(data_file)], {})
+    batches = scan_batches_with_deletes(scan, [FileScanTask(data_file)])
     read = 0
     while True:
         try:

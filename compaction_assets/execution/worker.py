@@ -34,7 +34,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.io import FileIO, OutputFile, OutputStream, load_file_io
 from pyiceberg.io.fileformat import FileFormatFactory, FileFormatWriter
-from pyiceberg.io.pyarrow import _to_requested_schema
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.schema import Schema, sanitize_column_names
 from pyiceberg.table.metadata import TableMetadata, TableMetadataUtil
@@ -50,6 +49,7 @@ from compaction_assets.execution.partitioning import partition_folder, split_by_
 from compaction_assets.execution.source_reader import SourceReader
 from compaction_assets.execution.write_behind import WriteBehind
 from compaction_assets.faults import crash_point
+from compaction_assets.iceberg_compat.arrow import to_requested_schema
 from compaction_assets.lake.datafile_codec import datafile_from_json, datafile_to_json, decode_partition
 from compaction_assets.lake.partition_key import PartitionId, partition_id
 from compaction_assets.planning.policy import DEFAULT_SORT_MEMORY
@@ -515,10 +515,10 @@ class RollingWriter:
 
     def convert(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """A batch in the table's scan schema -> the file schema (sanitised names, field ids)."""
-        return _to_requested_schema(
-            requested_schema=self.file_schema,
-            file_schema=self._table_schema,
-            batch=batch,
+        return to_requested_schema(
+            self.file_schema,
+            self._table_schema,
+            batch,
             include_field_ids=True,
             format_model=self._format,
         )

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import pyarrow as pa
-from pyiceberg.io.pyarrow import _dataframe_to_data_files
 from pyiceberg.table import Table
+
+from compaction_assets.iceberg_compat.arrow import dataframe_to_data_files
 
 
 def append_fragments(table: Table, batches: Iterable[pa.Table]) -> int:
@@ -17,7 +18,7 @@ def append_fragments(table: Table, batches: Iterable[pa.Table]) -> int:
     with table.transaction() as txn, txn.update_snapshot().fast_append() as append:
         added = 0
         for batch in batches:
-            for data_file in _dataframe_to_data_files(txn.table_metadata, batch, table.io):
+            for data_file in dataframe_to_data_files(txn.table_metadata, batch, table.io):
                 append.append_data_file(data_file)
                 added += 1
     return added

@@ -5,7 +5,7 @@ Spark worker's FileIO); the demo's CDC table and the tests use the table-level h
 "another engine".
 
 pyiceberg 0.12 reads position deletes but cannot write delete files, and has no public API to
-commit them: a `_FastAppendFiles` producer (a private name of pyiceberg 0.12) is taught to write
+commit them: a fast-append producer (iceberg_compat.producers.AppendProducer) is taught to write
 its added files into a DELETES manifest. The delete files are real Parquet files with the field ids
 the spec reserves (file_path 2147483546, pos 2147483545) or the equality columns' own ids, and the
 DataFile carries `equality_ids`, so any reader (DuckDB, Spark) can apply them. The snapshot has
@@ -36,22 +36,22 @@ from pyiceberg.manifest import (
     ManifestEntry,
     ManifestEntryStatus,
     ManifestFile,
-    ManifestWriterV2,
 )
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation, SnapshotSummaryCollector, Summary, update_snapshot_summaries
-from pyiceberg.table.update.snapshot import _FastAppendFiles
 from pyiceberg.typedef import EMPTY_DICT, Record, TableVersion
 from pyiceberg.types import LongType, NestedField, StringType
 
+from compaction_assets.iceberg_compat.manifest_writers import ManifestWriterHooks
+from compaction_assets.iceberg_compat.producers import AppendProducer
 from compaction_assets.lake.manifest_io import int_equality_ids
 
 FILE_PATH_ID = 2147483546  # reserved field ids of a position-delete file (Iceberg spec)
 POS_ID = 2147483545
 
 
-class _DeleteManifestWriter(ManifestWriterV2):
+class _DeleteManifestWriter(ManifestWriterHooks):
     """A v2 manifest writer whose manifest holds delete files (content=deletes).
 
     pyiceberg 0.12 declares `equality_ids` as list<long>; the spec says list<int> (field 136), and
@@ -63,34 +63,35 @@ class _DeleteManifestWriter(ManifestWriterV2):
         return ManifestContent.DELETES
 
     @property
-    def _meta(self) -> dict[str, str]:
-        return {**super()._meta, "content": "deletes"}
+    def file_metadata(self) -> dict[str, str]:
+        return {**super().file_metadata, "content": "deletes"}
 
-    def _with_partition(self, format_version: TableVersion) -> Schema:
-        schema = super()._with_partition(format_version)
+    def entry_schema(self, format_version: TableVersion) -> Schema:
+        schema = super().entry_schema(format_version)
         return Schema(*[int_equality_ids(f) if f.field_id == 2 else f for f in schema.fields])
 
 
-class _AddDeleteFiles(_FastAppendFiles):
+class _AddDeleteFiles(AppendProducer):
     """A fast append whose added files are delete files: one DELETES manifest per spec."""
 
-    def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
+    def snapshot_summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
         """pyiceberg's summary, with each file's partition rendered by its own spec (pyiceberg 0.12
         renders added files by the default spec: IndexError for a file of an older, wider spec)."""
-        metadata = self._transaction.table_metadata
+        metadata = self.table_metadata
         collector = SnapshotSummaryCollector()
-        for delete_file in self._added_data_files:
+        for delete_file in self.added_files:
             collector.add_file(delete_file, metadata.schema(), metadata.specs()[delete_file.spec_id])
-        parent = metadata.snapshot_by_id(self._parent_snapshot_id) if self._parent_snapshot_id is not None else None
+        parent_id = self.parent_snapshot_id
+        parent = metadata.snapshot_by_id(parent_id) if parent_id is not None else None
         return update_snapshot_summaries(
-            summary=Summary(operation=self._operation, **collector.build(), **snapshot_properties),
+            summary=Summary(operation=self.operation, **collector.build(), **snapshot_properties),
             previous_summary=parent.summary if parent is not None else None,
         )
 
-    def _manifests(self) -> list[ManifestFile]:
-        metadata = self._transaction.table_metadata
+    def manifests(self) -> list[ManifestFile]:
+        metadata = self.table_metadata
         by_spec: dict[int, list[DataFile]] = {}
-        for delete_file in self._added_data_files:
+        for delete_file in self.added_files:
             by_spec.setdefault(delete_file.spec_id, []).append(delete_file)
         manifests = []
         for spec_id, files in by_spec.items():
@@ -98,18 +99,18 @@ class _AddDeleteFiles(_FastAppendFiles):
                 metadata.specs()[spec_id],
                 metadata.schema(),
                 self.new_manifest_output(),
-                self._snapshot_id,
-                self._compression,
+                self.snapshot_id,
+                self.compression,
             )
             with writer:
                 for delete_file in files:
                     writer.add(
                         ManifestEntry.from_args(
-                            status=ManifestEntryStatus.ADDED, snapshot_id=self._snapshot_id, data_file=delete_file
+                            status=ManifestEntryStatus.ADDED, snapshot_id=self.snapshot_id, data_file=delete_file
                         )
                     )
             manifests.append(writer.to_manifest_file())
-        return self._existing_manifests() + manifests
+        return self.existing_manifests() + manifests
 
 
 def commit_delete_files(table: Table, delete_files: Sequence[DataFile]) -> int:

@@ -8,6 +8,7 @@ from pyiceberg.manifest import DataFile, DataFileContent, ManifestEntry
 from pyiceberg.table import Table
 from pyiceberg.utils.lazydict import LazyDict
 
+from compaction_assets.iceberg_compat.metadata import lazy_dict_values
 from compaction_assets.lake.deletes import file_key
 from compaction_assets.lake.manifest_cache import manifest_contents
 from compaction_assets.lake.manifest_io import (
@@ -79,9 +80,8 @@ def _data_bytes(data_file: DataFile) -> int:
     column_sizes pyiceberg decoded lazily is summed from its arrays, not made a dict: that
     dict would stay with the cached entry (~90 MB at 200,000 files) for nothing."""
     sizes = data_file.column_sizes
-    if isinstance(sizes, LazyDict) and getattr(sizes, "_dict", None) is None and hasattr(sizes, "_contents"):
-        values = [v for item in sizes._contents for v in item[1::2]]
-    else:
+    values = lazy_dict_values(sizes) if isinstance(sizes, LazyDict) else None
+    if values is None:
         values = list(sizes.values()) if sizes else []
     return sum(values) if values else data_file.file_size_in_bytes
 

@@ -50,10 +50,7 @@ from pyiceberg.manifest import (
     ManifestEntry,
     ManifestEntryStatus,
     ManifestFile,
-    ManifestListWriter,
-    ManifestWriterV2,
     PartitionFieldSummary,
-    _inherit_from_manifest,
     construct_partition_summaries,
 )
 from pyiceberg.partitioning import PartitionSpec
@@ -62,6 +59,9 @@ from pyiceberg.table.metadata import TableMetadata, TableMetadataV3
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.typedef import IcebergBaseModel, TableVersion
 from pyiceberg.types import IntegerType, ListType, NestedField, StructType
+
+from compaction_assets.iceberg_compat.manifest_writers import ManifestListWriterHooks, ManifestWriterHooks
+from compaction_assets.iceberg_compat.metadata import inherit_from_manifest, record_values, schema_field_ids
 
 # The manifest_entry fields before data_file, as format version 2 writes them
 _V2_LEADING_FIELDS = [
@@ -122,7 +122,7 @@ def read_manifest(manifest: ManifestFile, file_io: FileIO) -> ManifestContents:
                     continue
                 if restatable:
                     tails.append(block[start + _leading_length(entry) : decoder.tell()])
-                entries.append(_inherit_from_manifest(entry, manifest))
+                entries.append(inherit_from_manifest(entry, manifest))
     if not restatable:
         return ManifestContents(tuple(entries), None, ())
     return ManifestContents(tuple(entries), dict(avro.header.meta), tuple(tails))
@@ -228,7 +228,7 @@ def partition_schema(metadata: TableMetadata, spec_id: int) -> Schema:
     manifest writer can write. (Each call reads the metadata's schemas: ask once per spec.)"""
     sources = {f.source_id for f in metadata.specs()[spec_id].fields}
     for schema in [metadata.schema(), *sorted(metadata.schemas, key=lambda s: -s.schema_id)]:
-        if sources <= schema._lazy_id_to_field.keys():
+        if sources <= schema_field_ids(schema):
             return schema
     return metadata.schema()
 
@@ -324,7 +324,7 @@ def v3_field(record: DataFile | ManifestFile, position: int) -> Any:
     """A format-version-3 field of a record (None when the record has the older layout: one built
     by pyiceberg's from_args, or read with a v2 schema). Reads the Record's list itself: its
     __len__ and __getitem__ are Python calls, which cost planning 0.2 s at 200,000 files."""
-    values = record._data
+    values = record_values(record)
     return values[position] if len(values) > position else None
 
 
@@ -385,7 +385,7 @@ def read_entries(manifest: ManifestFile, file_io: FileIO, discard_deleted: bool 
     of v3 manifests writes again (DELETED entries keep what they hold)."""
     with _entries_file(manifest, file_io) as avro:
         entries = [
-            _inherit_from_manifest(e, manifest)
+            inherit_from_manifest(e, manifest)
             for e in avro
             if not discard_deleted or e.status != ManifestEntryStatus.DELETED
         ]
@@ -434,7 +434,7 @@ def snapshot_manifests(snapshot: Snapshot, io: FileIO, format_version: int) -> l
     return list(read_manifest_list(io, snapshot.manifest_list))
 
 
-class ManifestWriterV3(ManifestWriterV2):
+class ManifestWriterV3(ManifestWriterHooks):
     """A format-version-3 manifest of data files or of delete files (deletion vectors keep the data
     file they reference and their blob's offset and size; data files their first_row_id, null for
     new files, which then inherit from the manifest-list entry). `equality_ids` is list<int> as the
@@ -460,21 +460,21 @@ class ManifestWriterV3(ManifestWriterV2):
         return 3
 
     @property
-    def _meta(self) -> dict[str, str]:
-        return {**super()._meta, "content": "deletes" if self._content == ManifestContent.DELETES else "data"}
+    def file_metadata(self) -> dict[str, str]:
+        return {**super().file_metadata, "content": "deletes" if self._content == ManifestContent.DELETES else "data"}
 
-    def _with_partition(self, format_version: TableVersion) -> Schema:
-        schema = super()._with_partition(format_version)
+    def entry_schema(self, format_version: TableVersion) -> Schema:
+        schema = super().entry_schema(format_version)
         return Schema(*[int_equality_ids(f) if f.field_id == 2 else f for f in schema.fields])
 
     def new_writer(self) -> AvroOutputFile[ManifestEntry]:
-        schema = self._with_partition(3)
+        schema = self.entry_schema(3)
         return AvroOutputFile[ManifestEntry](
-            output_file=self._output_file,
+            output_file=self.output_file,
             file_schema=schema,
             record_schema=schema,
             schema_name="manifest_entry",
-            metadata=self._meta,
+            metadata=self.file_metadata,
         )
 
     def prepare_entry(self, entry: ManifestEntry) -> ManifestEntry:
@@ -490,7 +490,7 @@ class ManifestWriterV3(ManifestWriterV2):
         )
 
 
-class ManifestListWriterV3(ManifestListWriter):
+class ManifestListWriterV3(ManifestListWriterHooks):
     """A format-version-3 manifest list. As the spec (and Java's V3Writer) has it, each data
     manifest without a first_row_id (one this snapshot wrote) is assigned the running next row id,
     which then advances by its added and existing rows; `assigned_rows` is the snapshot's
@@ -526,16 +526,15 @@ class ManifestListWriterV3(ManifestListWriter):
     def assigned_rows(self) -> int:
         return self._next_row_id - self._first_row_id
 
-    def __enter__(self) -> ManifestListWriterV3:
-        self._writer = AvroOutputFile[ManifestFile](
-            output_file=self._output_file,
+    def avro_writer(self, output_file: OutputFile, metadata: dict[str, str]) -> AvroOutputFile[ManifestFile]:
+        """Records in the v3 layout too: first_row_id is written, not only declared."""
+        return AvroOutputFile[ManifestFile](
+            output_file=output_file,
             record_schema=MANIFEST_LIST_FILE_SCHEMAS[3],
             file_schema=MANIFEST_LIST_FILE_SCHEMAS[3],
             schema_name="manifest_file",
-            metadata=self._meta,
+            metadata=metadata,
         )
-        self._writer.__enter__()
-        return self
 
     def prepare_manifest(self, manifest_file: ManifestFile) -> ManifestFile:
         values = [manifest_file[i] for i in range(len(manifest_file))]

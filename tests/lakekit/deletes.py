@@ -29,12 +29,12 @@ class _SwapDeleteFiles(_AddDeleteFiles):
         self._removed = removed
         self._removed_files: list[DataFile] = []
 
-    def _existing_manifests(self) -> list[ManifestFile]:
+    def existing_manifests(self) -> list[ManifestFile]:
         """Manifests holding a removed delete file are rewritten with it DELETED, the rest EXISTING."""
-        metadata = self._transaction.table_metadata
+        metadata = self.table_metadata
         kept = []
-        for manifest in metadata.snapshot_by_id(self._parent_snapshot_id).manifests(self._io):
-            entries = manifest.fetch_manifest_entry(self._io, discard_deleted=True)
+        for manifest in metadata.snapshot_by_id(self.parent_snapshot_id).manifests(self.file_io):
+            entries = manifest.fetch_manifest_entry(self.file_io, discard_deleted=True)
             if not any(e.data_file.file_path in self._removed for e in entries):
                 kept.append(manifest)
                 continue
@@ -42,8 +42,8 @@ class _SwapDeleteFiles(_AddDeleteFiles):
                 metadata.specs()[manifest.partition_spec_id],
                 metadata.schema(),
                 self.new_manifest_output(),
-                self._snapshot_id,
-                self._compression,
+                self.snapshot_id,
+                self.compression,
             )
             with writer:
                 for entry in entries:
@@ -53,7 +53,7 @@ class _SwapDeleteFiles(_AddDeleteFiles):
                     writer.add_entry(
                         ManifestEntry.from_args(
                             status=ManifestEntryStatus.DELETED if gone else ManifestEntryStatus.EXISTING,
-                            snapshot_id=self._snapshot_id if gone else entry.snapshot_id,
+                            snapshot_id=self.snapshot_id if gone else entry.snapshot_id,
                             sequence_number=entry.sequence_number,
                             file_sequence_number=entry.file_sequence_number,
                             data_file=entry.data_file,
@@ -62,16 +62,16 @@ class _SwapDeleteFiles(_AddDeleteFiles):
             kept.append(writer.to_manifest_file())
         return kept
 
-    def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
-        metadata = self._transaction.table_metadata
+    def snapshot_summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
+        metadata = self.table_metadata
         collector = SnapshotSummaryCollector()
-        for added in self._added_data_files:
+        for added in self.added_files:
             collector.add_file(added, metadata.schema(), metadata.specs()[added.spec_id])
         for removed in self._removed_files:
             collector.remove_file(removed, metadata.schema(), metadata.specs()[removed.spec_id])
-        parent = metadata.snapshot_by_id(self._parent_snapshot_id)
+        parent = metadata.snapshot_by_id(self.parent_snapshot_id)
         return update_snapshot_summaries(
-            summary=Summary(operation=self._operation, **collector.build(), **snapshot_properties),
+            summary=Summary(operation=self.operation, **collector.build(), **snapshot_properties),
             previous_summary=parent.summary if parent is not None else None,
         )
 
