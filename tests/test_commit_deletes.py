@@ -29,6 +29,7 @@ from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestCo
 from pyiceberg.table import Table
 from pyiceberg.typedef import Record
 
+import compaction_assets.commit.rewrite_producer as rewrite_producer
 import compaction_assets.commit.two_phase as two_phase
 from compaction_assets.commit.consistency import check_consistency
 from compaction_assets.commit.ledger import Attempt, Ledger, Status
@@ -240,12 +241,12 @@ def test_position_deletes_of_replaced_files_are_removed_with_them(env, monkeypat
     """Removed deletes are restated from the manifest's bytes (lake.manifest_io), or written
     entry by entry by a delete-manifest writer when a manifest cannot be restated."""
     if not restated:
-        real = two_phase.manifest_contents
+        real = rewrite_producer.manifest_contents
 
         def unrestatable(manifest, io) -> ManifestContents:
             return ManifestContents(real(manifest, io).entries, None, ())
 
-        monkeypatch.setattr(two_phase, "manifest_contents", unrestatable)
+        monkeypatch.setattr(rewrite_producer, "manifest_contents", unrestatable)
     table = make_table(env, {"eu": 4, "us": 2})
     f0, f1, f2, f3 = data(table)
     d0 = position_delete_file(table, f0, [0, 1])

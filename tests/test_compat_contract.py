@@ -32,7 +32,7 @@ from pyiceberg.utils.lazydict import LazyDict
 
 from compaction_assets.bench.plan_at_scale import _ManifestPerBatch
 from compaction_assets.commit.manifest_rewrite import _RewriteManifests
-from compaction_assets.commit.two_phase import _RewriteFiles
+from compaction_assets.commit.rewrite_producer import RewriteFiles
 from compaction_assets.dagster_host import dagster_internals
 from compaction_assets.dagster_host.launcher import WarmRunLauncher
 from compaction_assets.iceberg_compat import TESTED_PYICEBERG, manifest_writers, producers
@@ -92,7 +92,7 @@ DAGSTER_SIGNATURES = [
     (dagster_internals.EngineEventData.in_process, ["pid"]),
 ]
 OUR_PRODUCERS = [  # ours, its pyiceberg base, the layer's class between them
-    (_RewriteFiles, _OverwriteFiles, OverwriteProducer),
+    (RewriteFiles, _OverwriteFiles, OverwriteProducer),
     (_RewriteManifests, _SnapshotProducer, SnapshotProducer),
     (_AddDeleteFiles, _FastAppendFiles, AppendProducer),
     (_ManifestPerBatch, _FastAppendFiles, AppendProducer),

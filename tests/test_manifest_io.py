@@ -8,7 +8,7 @@ from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.manifest import ManifestEntry, ManifestEntryStatus, ManifestFile, write_manifest
 from pyiceberg.table import Table
 
-from compaction_assets.commit.two_phase import _restated
+from compaction_assets.commit.rewrite_producer import restated
 from compaction_assets.lake.datafile_codec import datafile_to_json
 from compaction_assets.lake.manifest_io import read_manifest, write_restated
 from tests.conftest import BY_REGION, SCHEMA, batch
@@ -90,7 +90,7 @@ def test_restated_manifest_is_what_pyiceberg_writes(tmp_path, status):
             for i in positions:
                 entry = contents.entries[i]
                 snapshot_id = NEW_SNAPSHOT if status == ManifestEntryStatus.DELETED else entry.snapshot_id
-                writer.add_entry(_restated(entry, status, snapshot_id))
+                writer.add_entry(restated(entry, status, snapshot_id))
     theirs = writer.to_manifest_file()
 
     assert manifest_doc(ours) == manifest_doc(theirs)

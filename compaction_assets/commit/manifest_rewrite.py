@@ -14,7 +14,7 @@ manifests replaced) writes the new manifests into the metadata folder named afte
 (so GC's orphan cleanup leaves them alone while it is open), then PREPARED (results: the new
 manifests), then one `replace` snapshot tagged with the task and attempt ids, then COMMITTED.
 The snapshot is made only if the head it lands on descends from the snapshot the rewrite was
-planned on (two_phase.base_history: main rolled back since makes it back off, as every attempt
+planned on (conflicts.base_history: main rolled back since makes it back off, as every attempt
 does) and every replaced manifest is still in that head; manifests a concurrent commit added are
 kept as they are (pyiceberg's retries rebuild the manifest list on each new head). A concurrent
 commit that replaced one of them (a compaction, a delete), or a rollback, makes the attempt roll
@@ -55,16 +55,16 @@ from pyiceberg.table.update import UpdatesAndRequirements
 from pyiceberg.typedef import EMPTY_DICT
 from pyiceberg.utils.concurrent import ExecutorFactory
 
+from compaction_assets.commit.conflicts import base_history
 from compaction_assets.commit.heartbeat import Heartbeat
 from compaction_assets.commit.ledger import Attempt, Ledger, StaleAttempt, Status
+from compaction_assets.commit.numbering import numbered
 from compaction_assets.commit.two_phase import (
     ATTEMPT_ID_PROPERTY,
     TASK_ID_PROPERTY,
     abandon,
-    base_history,
     commit_snapshot,
     confirm_committed,
-    numbered,
     roll_back,
 )
 from compaction_assets.errors import CompactionError
@@ -365,7 +365,7 @@ class _RewriteManifests(SnapshotProducer):
     """A `replace` snapshot whose manifest list is the head's with the replaced manifests swapped
     for the written ones (Java's BaseRewriteManifests); made again on each of pyiceberg's commit
     retries with the new head as parent. Raises ValidationException if that head does not descend
-    from the snapshot the rewrite was planned on (two_phase.base_history: main rolled back since),
+    from the snapshot the rewrite was planned on (conflicts.base_history: main rolled back since),
     or a replaced manifest is not in it (a concurrent commit replaced it)."""
 
     def __init__(
@@ -395,7 +395,7 @@ class _RewriteManifests(SnapshotProducer):
         """Nothing here: `manifests` checks the replaced manifests against each try's head."""
 
     def snapshot_updates(self) -> UpdatesAndRequirements:
-        """pyiceberg's, with the table's numbering required unchanged (two_phase.numbered): a table
+        """pyiceberg's, with the table's numbering required unchanged (numbering.numbered): a table
         upgraded to format version 3, or numbered on by a commit to another branch, since this
         try's metadata is a retry, not a snapshot pyiceberg refuses with an unknown outcome."""
         return numbered(super().snapshot_updates(), self.table_metadata)

@@ -5,7 +5,7 @@ pyiceberg builds a snapshot in `_SnapshotProducer` and its private subclasses (`
 it calls `_commit` again, which calls `_manifests` and `_summary` on the refreshed head). There is
 no public producer to extend (pyiceberg 0.12 offers `fast_append`, `merge_append`, `overwrite`
 and `delete` only, none with RewriteFiles semantics), so ours subclass these bases:
-`two_phase._RewriteFiles` (OverwriteProducer), `manifest_rewrite._RewriteManifests`
+`rewrite_producer.RewriteFiles` (OverwriteProducer), `manifest_rewrite._RewriteManifests`
 (SnapshotProducer), `delete_files._AddDeleteFiles` and the bench's `_ManifestPerBatch`
 (AppendProducer).
 
