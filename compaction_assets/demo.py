@@ -11,14 +11,13 @@ import yaml
 from pyiceberg.catalog import Catalog
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
-from pyiceberg.table import Table
 from pyiceberg.transforms import DayTransform, IdentityTransform
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType, TimestampType
 
 from compaction_assets.config import CatalogConfig, CompactionConfig
 from compaction_assets.demo_cdc import CDC_TABLE, create_cdc_table
 from compaction_assets.errors import CompactionError
-from compaction_assets.lake.appends import append_fragments
+from compaction_assets.lake.appends import append_fragments, append_order_batches
 from compaction_assets.local_s3 import LocalS3
 from compaction_assets.redact import redact
 
@@ -147,25 +146,6 @@ def _orders(catalog: Catalog, n: int, rng: random.Random) -> int:
     spec = PartitionSpec(PartitionField(source_id=2, field_id=1000, transform=IdentityTransform(), name="region"))
     table = catalog.create_table("sales.orders", schema=schema, partition_spec=spec)
     return append_order_batches(table, 3 * n, rng)
-
-
-def append_order_batches(table: Table, batches: int, rng: random.Random) -> int:
-    """Micro-batches of 40 orders, one region each, as a streaming writer commits them."""
-    regions = ["eu", "us", "apac"]
-    start = rng.randrange(1 << 40)
-    return append_fragments(
-        table,
-        (
-            pa.table(
-                {
-                    "order_id": pa.array(range(start + i * 40, start + i * 40 + 40), pa.int64()),
-                    "region": [regions[i % 3]] * 40,
-                    "amount": [round(rng.uniform(1, 500), 2) for _ in range(40)],
-                }
-            )
-            for i in range(batches)
-        ),
-    )
 
 
 def _metrics(catalog: Catalog, n: int, rng: random.Random) -> int:

@@ -16,7 +16,7 @@ from pyiceberg.types import LongType, NestedField, StringType
 
 from compaction_assets import faults
 from compaction_assets.commit.ledger import StaleAttempt
-from compaction_assets.planning.planner import Kind
+from compaction_assets.planning.model import Kind
 from tests.conftest import BY_REGION, SCHEMA, Lake, batch, make_lake
 from tests.lakekit.duckdb_reader import duckdb_rows
 from tests.lakekit.files import rows

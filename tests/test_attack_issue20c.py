@@ -14,7 +14,7 @@ from pyiceberg.utils.datetime import date_to_days, datetime_to_micros, time_to_m
 
 from compaction_assets.demo import append_fragments
 from compaction_assets.lake.files import live_files
-from compaction_assets.planning.planner import Kind
+from compaction_assets.planning.model import Kind
 from tests.lakekit.deletes import read_column
 from tests.lakekit.duckdb_reader import duckdb_rows
 from tests.lakekit.oracle import row_key

@@ -32,7 +32,7 @@ from compaction_assets.lake.delete_files import (
 )
 from compaction_assets.lake.deletes import ApplyingDeletes, global_spec_ids
 from compaction_assets.lake.files import live_files
-from compaction_assets.planning.planner import DeleteMap, Kind
+from compaction_assets.planning.model import DeleteMap, Kind
 from tests.conftest import BY_REGION, SCHEMA, Lake, batch, create_fragmented
 from tests.lakekit.duckdb_reader import duckdb_rows
 from tests.lakekit.files import data_of, kinds, rows

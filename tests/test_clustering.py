@@ -27,8 +27,9 @@ from compaction_assets.errors import ConfigError
 from compaction_assets.execution.external_sort import ExternalSort, SortSpec, spill_root
 from compaction_assets.execution.zorder import bits_per_column, interleave
 from compaction_assets.lake import ordinal
+from compaction_assets.lake.clustering import Clustering
 from compaction_assets.lake.files import live_files
-from compaction_assets.planning.overlap import Clustering, bounds_overlap
+from compaction_assets.planning.overlap import bounds_overlap
 from compaction_assets.planning.planner import plan_partition, plan_table
 from compaction_assets.planning.policy import Policy
 from tests.conftest import BY_REGION

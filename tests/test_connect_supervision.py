@@ -20,8 +20,8 @@ from dagster._core.test_utils import create_run_for_test
 
 from compaction_assets.config import CompactionConfig, load_config
 from compaction_assets.defs.build import build_definitions, table_job
+from compaction_assets.defs.recovery import RESTART_JOB
 from compaction_assets.defs.resources import CompactionResource
-from compaction_assets.defs.sensors import RESTART_JOB
 from compaction_assets.engine import Engine
 from compaction_assets.execution import connect_server
 from compaction_assets.execution.spark import SESSION_ID_FILE, forget_connect_session, spark_session

@@ -31,7 +31,8 @@ from compaction_assets.lake.catalog import load_table
 from compaction_assets.lake.delete_files import commit_delete_files, position_delete_file
 from compaction_assets.lake.features import LINEAGE_NAME_REASON, V3_MANIFEST_REASON, V3_TIER_REASON
 from compaction_assets.lake.files import live_files
-from compaction_assets.planning.planner import Kind, plan_table
+from compaction_assets.planning.model import Kind
+from compaction_assets.planning.planner import plan_table
 from tests.conftest import create_fragmented, make_lake
 
 

@@ -10,7 +10,7 @@ from pyiceberg.table.snapshots import Operation
 
 from compaction_assets.lake.delete_files import commit_delete_files, equality_delete_file, position_delete_file
 from compaction_assets.lake.files import live_files
-from compaction_assets.planning.planner import Kind
+from compaction_assets.planning.model import Kind
 from tests.conftest import Lake, batch, create_fragmented
 from tests.lakekit.duckdb_reader import duckdb_rows
 from tests.lakekit.files import data_of, kinds, rows

@@ -21,7 +21,7 @@ from compaction_assets.engine import _Work
 from compaction_assets.execution.worker import GroupOutcome, RewriteJob
 from compaction_assets.lake.delete_files import commit_delete_files, equality_delete_file, position_delete_file
 from compaction_assets.lake.files import live_files
-from compaction_assets.planning.planner import Kind
+from compaction_assets.planning.model import Kind
 from tests.conftest import SCHEMA, Lake, batch, create_fragmented, make_lake
 from tests.foreign_deletes import commit_deletes, position_delete
 

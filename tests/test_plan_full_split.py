@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from compaction_assets.planning.planner import FullClock, Kind, plan_partition, plan_table
+from compaction_assets.planning.model import FullClock, Kind
+from compaction_assets.planning.planner import plan_partition, plan_table
 from compaction_assets.planning.policy import Policy
 from tests.test_planner import KB, POLICY, F, fragments, pos_delete
 

@@ -10,7 +10,8 @@ from pyiceberg.typedef import Record
 
 from compaction_assets.config import PolicyConfig
 from compaction_assets.errors import ConfigError
-from compaction_assets.planning.planner import DeleteMap, Kind, plan_partition, plan_table, read_amplification
+from compaction_assets.planning.model import DeleteMap, Kind, read_amplification
+from compaction_assets.planning.planner import plan_partition, plan_table
 from compaction_assets.planning.policy import Policy, resolve_policy
 
 KB = 1024

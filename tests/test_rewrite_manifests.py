@@ -33,7 +33,7 @@ from compaction_assets.errors import ConfigError
 from compaction_assets.lake.delete_files import commit_delete_files, equality_delete_file, position_delete_file
 from compaction_assets.lake.manifest_cache import live_entries
 from compaction_assets.maintenance.gc import GcPolicy, collect_garbage
-from compaction_assets.planning.planner import Kind
+from compaction_assets.planning.model import Kind
 from compaction_assets.planning.policy import resolve_policy
 from tests.conftest import BY_REGION, SCHEMA, Lake, batch, make_lake
 from tests.lakekit.duckdb_reader import duckdb_rows

@@ -19,8 +19,9 @@ from compaction_assets.defs.assets import queue_assets, table_spec
 from compaction_assets.defs.demo_writer import DEMO_WRITER_KEY, orders_stream
 from compaction_assets.defs.gc_assets import gc_schedule, maintenance
 from compaction_assets.defs.naming import op_name, table_key
+from compaction_assets.defs.recovery import recovery_jobs, recovery_sensor
 from compaction_assets.defs.resources import CompactionResource, pyspark_resource
-from compaction_assets.defs.sensors import fragmentation_sensor, recovery_jobs, recovery_sensor
+from compaction_assets.defs.sensors import fragmentation_sensor
 from compaction_assets.errors import ConfigError
 from compaction_assets.lake.catalog import managed_versions, open_catalog
 from compaction_assets.lake.table_details import DetailsCache, managed_details

@@ -6,7 +6,7 @@ import random
 from dagster import AssetExecutionContext, AssetKey, MaterializeResult, asset
 
 from compaction_assets.defs.resources import CompactionResource
-from compaction_assets.demo import append_order_batches
+from compaction_assets.lake.appends import append_order_batches
 from compaction_assets.lake.catalog import load_table
 
 DEMO_WRITER_KEY = AssetKey(["writers", "orders_stream"])

@@ -1,17 +1,15 @@
-"""Sensors: the fragmentation sensor requests compaction runs; the recovery sensor heals crashes
-(of compaction attempts, and of the warm Spark Connect server in connect mode)."""
+"""The fragmentation sensor: requests compaction runs. It observes (the catalog, the runs, the changed
+tables' plans) and translates what planning/tick.py decides; the recovery sensor is in
+defs/recovery.py."""
 
-import datetime as dt
 import hashlib
-import json
 import logging
-import math
 import os
 import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
 from dagster import (
@@ -23,21 +21,15 @@ from dagster import (
     DagsterRunStatus,
     DefaultSensorStatus,
     DeleteDynamicPartitionsRequest,
-    JobDefinition,
-    OpExecutionContext,
     RunRequest,
     RunsFilter,
     SensorDefinition,
     SensorEvaluationContext,
     SensorResult,
     SkipReason,
-    graph,
-    op,
     sensor,
 )
 
-from compaction_assets.commit.ledger import OPEN
-from compaction_assets.commit.recovery import orphaned_because
 from compaction_assets.config import CompactionConfig, TableRule
 from compaction_assets.defs.gc_assets import MAINTENANCE_KEY, MAINTENANCE_PARTITIONS, maintenance_partition_request
 from compaction_assets.defs.naming import (
@@ -55,18 +47,24 @@ from compaction_assets.defs.naming import (
     table_key,
 )
 from compaction_assets.defs.resources import CompactionResource
-from compaction_assets.engine import Engine
+from compaction_assets.engine import Engine, TablePlan
 from compaction_assets.errors import CompactionError
-from compaction_assets.execution import connect_server
 from compaction_assets.execution.spark import require_server
 from compaction_assets.lake.catalog import load_table, managed_tables, metadata_locations
 from compaction_assets.planning.expiration import ExpireRule
-from compaction_assets.planning.manifests import ManifestPlan
-from compaction_assets.planning.planner import Kind, PartitionPlan
-from compaction_assets.planning.scheduling import MANIFESTS_KEY, Batch, Candidate, Decision, decide
+from compaction_assets.planning.model import Kind
+from compaction_assets.planning.scheduling import MANIFESTS_KEY, Batch, Decision
+from compaction_assets.planning.tick import (
+    FragmentationCursor,
+    Look,
+    PlannedTable,
+    Tick,
+    candidate_benefits,
+    catalog_change,
+    observation_metadata,
+)
 from compaction_assets.redact import redact
 
-EXPIRE_REPLAN_SECONDS = 600  # an unchanged table with data expiration on is planned again this often
 SKIPS_LOGGED = 20  # per reason: a table of thousands of waiting partitions logs these and a count
 IN_PROGRESS = [
     DagsterRunStatus.QUEUED,
@@ -86,33 +84,6 @@ def queue_load(instance: DagsterInstance) -> dict[str, tuple[int, int]]:
             waiting = run.status in (DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED)
             load[queue] = (running + (not waiting), queued + waiting)
     return load
-
-
-@dataclass
-class FragmentationCursor:
-    """Last seen version of each table and of compaction.yaml, and since when each deferred
-    partition has waited, with the benefit its plan had. A table is re-planned only when its
-    metadata file (SQL catalogs: read for all tables in one query) or snapshot changed, or the
-    config did; an unchanged table's deferred partitions are candidates again as they were
-    planned (a 200,000-file table is not re-planned every tick while its partitions queue). A table
-    with data expiration on is also re-planned every EXPIRE_REPLAN_SECONDS: time alone moves rows
-    past retention."""
-
-    snapshots: dict[str, int | None] = field(default_factory=dict)
-    waiting: dict[str, float] = field(default_factory=dict)  # "table|partition" -> epoch seconds
-    versions: dict[str, str | None] = field(default_factory=dict)  # table -> metadata location
-    config: str = ""  # fingerprint of the compaction.yaml last planned with
-    benefits: dict[str, float] = field(default_factory=dict)  # "table|partition" (waiting) -> plan benefit
-    # table -> epoch seconds when it must be planned again though unchanged (a full rewrite comes due)
-    replan_at: dict[str, float] = field(default_factory=dict)
-    expiring: dict[str, float] = field(default_factory=dict)  # table with expiration on -> last planned, epoch s
-
-    @staticmethod
-    def parse(raw: str | None) -> "FragmentationCursor":
-        return FragmentationCursor(**json.loads(raw)) if raw else FragmentationCursor()
-
-    def dump(self) -> str:
-        return json.dumps({f.name: getattr(self, f.name) for f in fields(self)}, sort_keys=True)
 
 
 def sync_pool_limits(instance: DagsterInstance, config: CompactionConfig) -> None:
@@ -160,191 +131,196 @@ def evaluate_fragmentation(
     tables: dict[str, bool],
     left_out: frozenset[str] = frozenset(),
 ) -> SensorResult:
+    """One tick: observe the catalog, the runs and the changed tables; planning/tick.py decides;
+    this translates its decisions into run and partition requests, observations and the cursor."""
     fingerprint = hashlib.sha256(config.model_dump_json().encode()).hexdigest()[:16]
     engine = _engine(config, fingerprint)
     sync_pool_limits(context.instance, config)
-    cursor = FragmentationCursor.parse(context.cursor)
-    if cursor.config != fingerprint:  # a policy, priority or queue changed: look at every table again
-        cursor.snapshots, cursor.versions, cursor.benefits, cursor.config = {}, {}, {}, fingerprint
+    tick = Tick(FragmentationCursor.parse(context.cursor), fingerprint, time.time())
     locations = metadata_locations(engine.catalog)
-    present = set(locations) if locations is not None else set(managed_tables(engine.catalog, config))
-    present = {n for n in present if config.rule_for(n) is not None}
-    added, dropped = sorted(present - set(tables) - left_out), sorted((set(tables) | left_out) - present)
+    present = _present(engine, config, locations)
+    added, dropped = catalog_change(tables, left_out, present)
     if added or dropped:
         reload_code_location(context, added, dropped)
     runs = context.instance.get_runs(RunsFilter(statuses=IN_PROGRESS))
-    queue_load = Counter(r.tags[QUEUE_TAG] for r in runs if QUEUE_TAG in r.tags)
     in_flight = runs_in_flight(context.instance, runs)
-    orders: dict[str, list[str]] = {}  # table -> its partition keys in the asset's order after this tick
-    now = time.time()
-    candidates: list[Candidate] = []
-    partition_requests: list = []
-    observations: list[AssetObservation] = []
-    unchanged, planned, respecced = [], [], []
-    waiting_of: dict[str, list[str]] = {}
-    for key in cursor.waiting:
-        waiting_of.setdefault(key.split("|", 1)[0], []).append(key)
+    seen = _Observed()
     for name, partitioned in tables.items():
         rule = config.rule_for(name)
-        if rule is None:
-            context.log.info(f"{name}: no longer matches a `tables:` rule; skipped")
-            continue
-        if name not in present:
-            continue  # dropped: the reload above removes its asset
-        waiting = waiting_of.get(name, [])
-        replayable = all(k in cursor.benefits for k in waiting)  # each waiting partition's planned benefit is kept
-        replayable = replayable and now < cursor.replan_at.get(name, math.inf)  # no full rewrite came due
-        replayable = replayable and now - cursor.expiring.get(name, now) < EXPIRE_REPLAN_SECONDS
-        known = locations is not None and name in cursor.versions
-        if known and cursor.versions[name] == locations.get(name) and replayable:
-            unchanged.append(name)
-            candidates.extend(_deferred(cursor, name, rule, waiting, cursor.snapshots.get(name)))
-            continue
-        try:
-            table = load_table(engine.catalog, name)
-            snapshot = table.current_snapshot()
-            snapshot_id = snapshot.snapshot_id if snapshot else None
-            # a new metadata file on the same snapshot (pause, a property, another engine's expiry)
-            # is planned again: the deferred partitions' plan may no longer hold
-            same = (
-                cursor.snapshots.get(name, -1) == snapshot_id and cursor.versions.get(name) == table.metadata_location
-            )
-            if same and replayable:
-                unchanged.append(name)
-                candidates.extend(_deferred(cursor, name, rule, waiting, snapshot_id))
-                continue
-            if partitioned == table.spec().is_unpartitioned():
-                # the asset was built for the other kind: its partition keys mean nothing until a reload
-                context.log.info(
-                    f"{name}: its partition spec became {'un' if partitioned else ''}partitioned; "
-                    "not compacted until the code location reloads"
-                )
-                respecced.append(name)
-                continue
-            tplan = engine.plan_for(table, name)
-        except CompactionError as exc:
-            context.log.warning(redact(f"{name}: cannot plan: {exc}"))
-            continue
-        planned.append(name)
-        if not tplan.policy.enabled:
-            context.log.info(f"{name}: paused (compaction.enabled=false): not compacted; `compaction-assets resume`")
-        if partitioned:
-            held = {k for t, k in in_flight if t == name}
-            requests, orders[name] = _partition_sync(
-                context.instance, name, [p.partition_key for p in tplan.partitions], held
-            )
-            partition_requests.extend(requests)
-        observations.extend(
-            AssetObservation(
-                asset_key=table_key(name),
-                partition=p.partition_key if partitioned else None,
-                metadata={
-                    "data_files": p.stats.data_files,
-                    "fragments": p.stats.fragments,
-                    "small_files": p.stats.undersized,
-                    "avg_file_bytes": p.stats.avg_file_bytes,
-                    "data_bytes": p.stats.data_bytes,
-                    "delete_files": p.stats.applying_delete_files,
-                    "position_delete_files": p.stats.position_delete_files,
-                    "equality_delete_files": p.stats.equality_delete_files,
-                    "deleted_rows": p.stats.deleted_rows,
-                    "read_amplification": round(p.stats.read_amplification, 3),
-                    "paused": not tplan.policy.enabled,
-                },
-            )
-            for p in tplan.partitions
-        )
-        if tplan.refused:
-            context.log.info(f"{name}: not compacted: {tplan.refused}")
-        # an unpartitioned asset's one run compacts every partition of the table worth it (files of
-        # an older, partitioned spec have partition keys the asset does not have)
-        worth: dict[str, PartitionPlan | ManifestPlan] = {p.partition_key: p for p in tplan.to_compact}
-        if not partitioned and worth:
-            worth = {"": max(worth.values(), key=lambda p: p.benefit)}
-        if tplan.rewrite_manifests_due and tplan.manifests is not None:
-            worth[MANIFESTS_KEY] = tplan.manifests
-            context.log.info(f"{name}: {tplan.manifests.reason}")
-        for key in waiting:
-            if key.split("|", 1)[1] not in worth:
-                del cursor.waiting[key]
-                cursor.benefits.pop(key, None)
-        for plan in tplan.partitions:
-            if not plan.worth_compacting:
-                context.log.debug(f"{name} [{plan.partition_key or '-'}]: nothing to do: {plan.reason}")
-        for key, plan in worth.items():
-            since = cursor.waiting.setdefault(f"{name}|{key}", now)
-            cursor.benefits[f"{name}|{key}"] = plan.benefit
-            candidates.append(Candidate(name, key, rule.queue, rule.priority, plan.benefit, since, snapshot_id))
-        cursor.snapshots[name] = snapshot_id
-        cursor.versions[name] = table.metadata_location
-        if tplan.replan_at_ms is not None:
-            cursor.replan_at[name] = tplan.replan_at_ms / 1000
-        else:
-            cursor.replan_at.pop(name, None)
-        if isinstance(tplan.expire, ExpireRule):
-            cursor.expiring[name] = now
-        else:
-            cursor.expiring.pop(name, None)
-    if respecced:
-        reload_code_location(context, [], [], respecced)
-    if candidates and (down := _spark_down(config)):
-        summary = (
-            f"evaluated {len(tables)} table(s): {len(candidates)} partition(s) worth compacting wait, none "
-            f"requested: {down} (the recovery sensor restarts a server it started)"
-        )
-        context.log.warning(summary)
-        return SensorResult(
-            dynamic_partitions_requests=partition_requests,
-            asset_events=observations,
-            cursor=cursor.dump(),  # they stay in `waiting`: candidates again on the next tick
-            skip_reason=SkipReason(summary),
-        )
-    capacities = {q.name: q.capacity for q in config.queues}
-    decisions, batches = decide(
-        candidates,
-        queue_load,
-        capacities,
+        _observe(context, engine, tick, seen, rule, name, partitioned, present, locations, in_flight)
+    if tick.respecced:
+        reload_code_location(context, [], [], tick.respecced)
+    decision = tick.decide(
+        len(tables),
+        _runs_per_queue(runs),
+        {q.name: q.capacity for q in config.queues},
         set(in_flight),
-        now,
         config.scheduling.ageing_points_per_minute,
         config.scheduling.max_partitions_per_run,
-        orders,
+        seen.orders,
+        _spark_down(config) if tick.candidates else None,
     )
+    if decision.held:
+        context.log.warning(decision.held)
+        return SensorResult(
+            dynamic_partitions_requests=seen.partition_requests,
+            asset_events=seen.observations,
+            cursor=decision.cursor.dump(),  # they stay in `waiting`: candidates again on the next tick
+            skip_reason=SkipReason(decision.held),
+        )
+    _log_decisions(context.log, decision.decisions, in_flight)
+    run_requests = [_run_request(b, context.log) for b in decision.batches]
+    seen.partition_requests.extend(_maintenance_partitions(context.instance, decision.batches))
+    context.log.info(decision.summary)
+    return SensorResult(
+        run_requests=run_requests,
+        dynamic_partitions_requests=seen.partition_requests,
+        asset_events=seen.observations,
+        cursor=decision.cursor.dump(),
+        skip_reason=None if run_requests else SkipReason(decision.summary),
+    )
+
+
+def _present(engine: Engine, config: CompactionConfig, locations: dict[str, str | None] | None) -> set[str]:
+    """The catalog's tables a `tables:` rule manages (one query where the catalog lists locations)."""
+    present = set(locations) if locations is not None else set(managed_tables(engine.catalog, config))
+    return {n for n in present if config.rule_for(n) is not None}
+
+
+def _runs_per_queue(runs: Sequence[DagsterRun]) -> Counter[str]:
+    """Queue -> its queued and running compaction runs (back-pressure counts both)."""
+    return Counter(r.tags[QUEUE_TAG] for r in runs if QUEUE_TAG in r.tags)
+
+
+def _maintenance_partitions(instance: DagsterInstance, batches: Sequence[Batch]) -> list:
+    """Requests adding the maintenance asset's partition of each table a manifest rewrite is requested for."""
+    if not (rewrites := [b.table_name for b in batches if b.members[0].partition_key == MANIFESTS_KEY]):
+        return []
+    maintained = set(instance.get_dynamic_partitions(MAINTENANCE_PARTITIONS.name))
+    return [r for name in rewrites for r in maintenance_partition_request(maintained, name)]
+
+
+@dataclass
+class _Observed:
+    """What the tick's table observations hand to Dagster besides the decisions."""
+
+    partition_requests: list = field(default_factory=list)  # dynamic partitions added or deleted
+    observations: list[AssetObservation] = field(default_factory=list)
+    orders: dict[str, list[str]] = field(default_factory=dict)  # table -> its partition keys after this tick
+
+
+def _observe(
+    context: SensorEvaluationContext,
+    engine: Engine,
+    tick: Tick,
+    seen: _Observed,
+    rule: TableRule | None,
+    name: str,
+    partitioned: bool,
+    present: set[str],
+    locations: dict[str, str | None] | None,
+    in_flight: dict[tuple[str, str], str],
+) -> None:
+    """Look at one managed table as far as the tick needs: not at all, its metadata location, the
+    loaded table, or its plan."""
+    look = tick.look(name, rule, present, locations)
+    if look is Look.NO_RULE:
+        context.log.info(f"{name}: no longer matches a `tables:` rule; skipped")
+    if look is Look.REPLAY:
+        tick.replay(name, rule, tick.cursor.snapshots.get(name))
+    if look is not Look.LOAD:
+        return
+    try:
+        table = load_table(engine.catalog, name)
+        snapshot = table.current_snapshot()
+        snapshot_id = snapshot.snapshot_id if snapshot else None
+        look = tick.after_load(name, partitioned, snapshot_id, table.metadata_location, table.spec().is_unpartitioned())
+        if look is Look.REPLAY:
+            tick.replay(name, rule, snapshot_id)
+            return
+        if look is Look.RESPECCED:
+            context.log.info(
+                f"{name}: its partition spec became {'un' if partitioned else ''}partitioned; "
+                "not compacted until the code location reloads"
+            )
+            return
+        tplan = engine.plan_for(table, name)
+    except CompactionError as exc:
+        context.log.warning(redact(f"{name}: cannot plan: {exc}"))
+        return
+    _record_plan(context, tick, seen, rule, tplan, partitioned, table.metadata_location, in_flight)
+
+
+def _record_plan(
+    context: SensorEvaluationContext,
+    tick: Tick,
+    seen: _Observed,
+    rule: TableRule,
+    tplan: TablePlan,
+    partitioned: bool,
+    metadata_location: str | None,
+    in_flight: dict[tuple[str, str], str],
+) -> None:
+    """A planned table: its partitions synced and observed, its candidates to the tick."""
+    name = tplan.table_name
+    manifests_due = tplan.rewrite_manifests_due and tplan.manifests is not None
+    _log_plan(context.log, tplan, manifests_due)
+    if partitioned:
+        held = {k for t, k in in_flight if t == name}
+        requests, seen.orders[name] = _partition_sync(
+            context.instance, name, [p.partition_key for p in tplan.partitions], held
+        )
+        seen.partition_requests.extend(requests)
+    paused = not tplan.policy.enabled
+    seen.observations.extend(
+        AssetObservation(
+            asset_key=table_key(name),
+            partition=p.partition_key if partitioned else None,
+            metadata=observation_metadata(p.stats, paused),
+        )
+        for p in tplan.partitions
+    )
+    benefits = candidate_benefits(
+        partitioned,
+        ((p.partition_key, p.benefit) for p in tplan.to_compact),
+        tplan.manifests.benefit if manifests_due else None,
+    )
+    expiring = isinstance(tplan.expire, ExpireRule)
+    planned = PlannedTable(name, tplan.snapshot_id, metadata_location, benefits, tplan.replan_at_ms, expiring)
+    tick.record(rule, planned)
+
+
+def _log_plan(log: logging.Logger, tplan: TablePlan, manifests_due: bool) -> None:
+    """What a table's plan says beyond its candidates: paused, refused, a manifest rewrite due, and
+    (debug) why each partition has nothing to do."""
+    name = tplan.table_name
+    if not tplan.policy.enabled:
+        log.info(f"{name}: paused (compaction.enabled=false): not compacted; `compaction-assets resume`")
+    if tplan.refused:
+        log.info(f"{name}: not compacted: {tplan.refused}")
+    if manifests_due and tplan.manifests is not None:
+        log.info(f"{name}: {tplan.manifests.reason}")
+    for plan in tplan.partitions:
+        if not plan.worth_compacting:
+            log.debug(f"{name} [{plan.partition_key or '-'}]: nothing to do: {plan.reason}")
+
+
+def _log_decisions(log: logging.Logger, decisions: Sequence[Decision], in_flight: dict[tuple[str, str], str]) -> None:
+    """Each decision in the tick log; of the partitions skipped for one reason, the first SKIPS_LOGGED."""
     skipped: Counter[str] = Counter()  # reason -> partitions skipped for it (not in progress)
     for d in decisions:
         c = d.candidate
-        if d.requested or "already queued" in d.reason:
-            cursor.waiting.pop(f"{c.table_name}|{c.partition_key}", None)
-            cursor.benefits.pop(f"{c.table_name}|{c.partition_key}", None)
         if d.requested:
-            context.log.debug(f"request {_where(d)} in run {d.batch}: benefit {c.benefit:.2f} files/MiB")
+            log.debug(f"request {_where(d)} in run {d.batch}: benefit {c.benefit:.2f} files/MiB")
         elif run_id := in_flight.get((c.table_name, c.partition_key)):
-            context.log.info(f"skip {_where(d)}: already in progress (run {run_id})")
+            log.info(f"skip {_where(d)}: already in progress (run {run_id})")
         else:
             skipped[d.reason] += 1
             if skipped[d.reason] <= SKIPS_LOGGED:
-                context.log.info(f"skip {_where(d)}: {d.reason}")
-    run_requests = [_run_request(b, context.log) for b in batches]
-    if rewrites := [b.table_name for b in batches if b.members[0].partition_key == MANIFESTS_KEY]:
-        maintained = set(context.instance.get_dynamic_partitions(MAINTENANCE_PARTITIONS.name))
-        for name in rewrites:
-            partition_requests.extend(maintenance_partition_request(maintained, name))
+                log.info(f"skip {_where(d)}: {d.reason}")
     for reason, count in skipped.items():
         if count > SKIPS_LOGGED:
-            context.log.info(f"skip {count - SKIPS_LOGGED} more partition(s), lower in priority: {reason}")
-    summary = (
-        f"evaluated {len(tables)} table(s): {len(planned)} planned, {len(unchanged)} unchanged; "
-        f"{len(candidates)} partition(s) worth compacting, {sum(d.requested for d in decisions)} requested in "
-        f"{len(run_requests)} run(s), {sum(not d.requested for d in decisions)} skipped"
-    )
-    context.log.info(summary)
-    return SensorResult(
-        run_requests=run_requests,
-        dynamic_partitions_requests=partition_requests,
-        asset_events=observations,
-        cursor=cursor.dump(),
-        skip_reason=None if run_requests else SkipReason(summary),
-    )
+            log.info(f"skip {count - SKIPS_LOGGED} more partition(s), lower in priority: {reason}")
 
 
 def _run_request(batch: Batch, log: logging.Logger) -> RunRequest:
@@ -426,18 +402,6 @@ def _where(d: Decision) -> str:
     return f"{c.table_name} [{c.partition_key or '-'}] (queue {c.queue}, priority {d.priority})"
 
 
-def _deferred(
-    cursor: FragmentationCursor, name: str, rule: TableRule, waiting: list[str], snapshot_id: int | None
-) -> list[Candidate]:
-    """The waiting partitions of an unchanged table, candidates again as they were planned."""
-    return [
-        Candidate(
-            name, k.split("|", 1)[1], rule.queue, rule.priority, cursor.benefits[k], cursor.waiting[k], snapshot_id
-        )
-        for k in waiting
-    ]
-
-
 def _spark_down(config: CompactionConfig) -> str | None:
     """Why runs would fail at once now (connect mode, no server answering), or None. Requests
     made then would fail, and their run keys (one per snapshot) would not be requested again."""
@@ -505,126 +469,3 @@ def _partition_sync(
     if vanished := sorted(set(existing) - wanted):
         requests.append(DeleteDynamicPartitionsRequest(partitions_def_name=name, partition_keys=vanished))
     return requests, [k for k in existing if k in wanted] + added
-
-
-@op(description="Finish or undo every compaction attempt whose process is gone (compaction-assets recover).")
-def recover_orphaned_attempts(context: OpExecutionContext, compaction: CompactionResource) -> None:
-    report = compaction.engine().recover()
-    context.log.info(
-        f"recovered {report.handled}: confirmed {report.confirmed}, recommitted {report.recommitted}, "
-        f"rolled back {report.rolled_back}, abandoned {report.abandoned}"
-    )
-    if report.errors:
-        raise CompactionError(redact("could not recover: " + "; ".join(report.errors)))
-
-
-RECOVER_JOB = "recover_compaction_tasks"
-
-
-@graph
-def recover_graph() -> None:
-    recover_orphaned_attempts()
-
-
-RESTART_JOB = "restart_spark_server"
-# Back-off for a server that keeps dying: the n-th restart within the window waits
-# RESTART_BACKOFF_S * 2**(n-1) (at most RESTART_BACKOFF_MAX_S) after the one before it.
-RESTART_WINDOW_S = 3600
-RESTART_BACKOFF_S = 60
-RESTART_BACKOFF_MAX_S = 900
-
-
-@op(description="Start the warm Spark Connect server again after it died; runs then join its new session.")
-def start_spark_server(context: OpExecutionContext, compaction: CompactionResource) -> None:
-    cfg = compaction.load().spark
-    before = connect_server.status(cfg)
-    if before.running:
-        context.log.info(f"nothing to do: {before.describe()}")
-        return
-    context.log.info(f"{before.describe()}; starting it")
-    began = time.monotonic()
-    state = connect_server.start(cfg)
-    context.log.info(f"restarted in {time.monotonic() - began:.1f} s with a new shared session: {state.describe()}")
-
-
-@graph
-def restart_spark_server_graph() -> None:
-    start_spark_server()
-
-
-def recovery_jobs(compaction: CompactionResource) -> list[JobDefinition]:
-    """The recovery sensor's jobs, `compaction` bound here: a job left to take it from the
-    Definitions makes Dagster copy the sensor, and that copy warns (BetaWarning about the sensor's
-    `owners`) in every process that loads the code location."""
-    resources = {"compaction": compaction}
-    return [
-        recover_graph.to_job(name=RECOVER_JOB, tags={"compaction/maintenance": "recovery"}, resource_defs=resources),
-        restart_spark_server_graph.to_job(
-            name=RESTART_JOB, tags={"compaction/maintenance": "spark-server"}, resource_defs=resources
-        ),
-    ]
-
-
-def server_restart_request(context: SensorEvaluationContext, config: CompactionConfig) -> RunRequest | None:
-    """Connect mode: a run of `restart_spark_server` when the server started from `spark.server_dir`
-    died (its pid file is left, its process is gone, nothing listens). One restart at a time; a
-    server that keeps dying is restarted less and less often, and the tick log says so."""
-    if config.spark.mode != "connect":
-        return None
-    try:
-        current = connect_server.status(config.spark)
-    except CompactionError:  # spark.remote on another machine: not ours to supervise
-        return None
-    if current.state != "died":
-        return None
-    now = time.time()
-    records = context.instance.get_run_records(
-        RunsFilter(job_name=RESTART_JOB, created_after=dt.datetime.fromtimestamp(now - RESTART_WINDOW_S, dt.UTC))
-    )
-    if busy := [r.dagster_run.run_id for r in records if r.dagster_run.status in IN_PROGRESS]:
-        context.log.info(f"{current.describe()}; already being restarted by run {busy[0]}")
-        return None
-    if records:
-        wait = min(RESTART_BACKOFF_S * 2 ** (len(records) - 1), RESTART_BACKOFF_MAX_S)
-        last = max(r.create_timestamp.timestamp() for r in records)
-        if now - last < wait:
-            at = dt.datetime.fromtimestamp(last + wait, dt.UTC).strftime("%H:%M:%S UTC")
-            context.log.warning(
-                f"{current.describe()}. It died again after {len(records)} restart(s) in the last "
-                f"{RESTART_WINDOW_S // 60} min: backing off, next restart not before {at} "
-                f"(read its log; `compaction-assets spark-server stop` ends the supervision)"
-            )
-            return None
-    context.log.warning(f"{current.describe()}: requesting a {RESTART_JOB} run")
-    return RunRequest(run_key=f"spark-server|{current.dead_pid}|{len(records)}", job_name=RESTART_JOB)
-
-
-def recovery_sensor(interval_seconds: int, jobs: list[JobDefinition]) -> SensorDefinition:
-    """Requests `jobs` (recovery_jobs) when attempts are orphaned or the warm Spark died."""
-
-    @sensor(
-        name="recovery_sensor",
-        jobs=jobs,
-        minimum_interval_seconds=interval_seconds,
-        default_status=DefaultSensorStatus.RUNNING,
-        description="Requests a recovery run when a compaction attempt is left open by a dead process, and "
-        "(spark.mode: connect) a restart of the warm Spark Connect server when the one we started died.",
-    )
-    def _sensor(context: SensorEvaluationContext, compaction: CompactionResource):  # noqa: ANN202
-        engine = compaction.engine()
-        config = engine.config
-        requests = []
-        if restart := server_restart_request(context, config):
-            requests.append(restart)
-        cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=config.state.executing_timeout_seconds)
-        orphaned = [a for a in engine.ledger.attempts(statuses=OPEN) if orphaned_because(a, cutoff)]
-        for attempt in orphaned:
-            context.log.info(f"orphaned {attempt.status} attempt {attempt.attempt_id} of {attempt.table_name}")
-        if orphaned:
-            key = ",".join(sorted(a.attempt_id for a in orphaned))
-            requests.append(RunRequest(run_key=key, job_name=RECOVER_JOB))
-        if not requests:
-            return SkipReason("no orphaned compaction attempts")
-        return requests[0] if len(requests) == 1 else SensorResult(run_requests=requests)
-
-    return _sensor

@@ -3,6 +3,10 @@ order. What the planner measures bounds_overlap on and what sorted rewrites orde
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema, sanitize_column_names
 from pyiceberg.table import Table
@@ -12,13 +16,32 @@ from pyiceberg.types import NestedField, PrimitiveType
 
 from compaction_assets.errors import ConfigError
 from compaction_assets.lake import ordinal
-from compaction_assets.planning.overlap import Clustering
-from compaction_assets.planning.policy import Policy
 
 _MONOTONIC = (IdentityTransform, YearTransform, MonthTransform, DayTransform, HourTransform)
 
 
-def clustering_of(table: Table, table_name: str, policy: Policy) -> Clustering | None:
+@dataclass(frozen=True)
+class Clustering:
+    """The columns a table is clustered on: z-order columns (compaction.zorder-columns), else the
+    sort order's leading columns."""
+
+    columns: tuple[str, ...]  # table column names
+    field_ids: tuple[int, ...]
+    types: tuple[PrimitiveType, ...]
+    zorder: bool
+
+    def describe(self) -> str:
+        return f"{'zorder' if self.zorder else 'sort'}({', '.join(self.columns)})"
+
+
+class ZorderSetting(Protocol):
+    """What clustering_of reads of a table's policy (planning.policy.Policy has it)."""
+
+    @property
+    def zorder_columns(self) -> Sequence[str]: ...
+
+
+def clustering_of(table: Table, table_name: str, policy: ZorderSetting) -> Clustering | None:
     """The z-order columns if set (each a top-level column of a primitive type), else the sort
     order's leading fields (up to the first non-monotonic transform); None: neither.
 

@@ -26,9 +26,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from compaction_assets.errors import CatalogError
 from compaction_assets.lake.catalog import load_table, refuse_relative
-from compaction_assets.planning.policy import ICEBERG_TARGET_SIZE_PROPERTY, TABLE_PROPERTIES
+from compaction_assets.lake.properties import POLICY_PROPERTIES
 
-POLICY_PROPERTIES = frozenset({ICEBERG_TARGET_SIZE_PROPERTY, *TABLE_PROPERTIES})
 READERS = 8  # metadata files (or tables) read at once: object stores and REST answer in parallel
 
 

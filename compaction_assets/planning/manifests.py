@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from pyiceberg.manifest import ManifestFile
 
-from compaction_assets.planning.planner import Kind
+from compaction_assets.planning.model import Kind
 from compaction_assets.planning.policy import MiB, Policy
 
 MANIFEST_WEIGHT = 0.1  # a manifest removed, against a data file removed (see the module doc)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -24,24 +23,11 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.types import PrimitiveType
 
 from compaction_assets.lake import ordinal
+from compaction_assets.lake.clustering import Clustering
 
 MAX_QUERY_FILES = 2000
 _CHUNK = 256  # query files compared at once
 _TOP = np.iinfo(np.uint64).max
-
-
-@dataclass(frozen=True)
-class Clustering:
-    """The columns a table is clustered on: z-order columns (compaction.zorder-columns), else the
-    sort order's leading columns."""
-
-    columns: tuple[str, ...]  # table column names
-    field_ids: tuple[int, ...]
-    types: tuple[PrimitiveType, ...]
-    zorder: bool
-
-    def describe(self) -> str:
-        return f"{'zorder' if self.zorder else 'sort'}({', '.join(self.columns)})"
 
 
 def bounds_overlap(files: Sequence[DataFile], clustering: Clustering) -> float:

@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 
 from compaction_assets.config import PolicyConfig
 from compaction_assets.errors import ConfigError
+from compaction_assets.lake.properties import ENABLED_PROPERTY as ENABLED_PROPERTY  # engine and GC import it here
+from compaction_assets.lake.properties import ICEBERG_TARGET_SIZE_PROPERTY, TABLE_PROPERTIES
 
 MiB = 1024 * 1024
 DEFAULT_TARGET_FILE_SIZE = 128 * MiB
-ICEBERG_TARGET_SIZE_PROPERTY = "write.target-file-size-bytes"
-# Iceberg's manifest size target (its writers roll and merge manifests at it), default 8 MiB
-ICEBERG_MANIFEST_TARGET_PROPERTY = "commit.manifest.target-size-bytes"
-DEFAULT_MANIFEST_TARGET_SIZE = 8 * MiB
-ENABLED_PROPERTY = "compaction.enabled"
+DEFAULT_MANIFEST_TARGET_SIZE = 8 * MiB  # Iceberg's default for ICEBERG_MANIFEST_TARGET_PROPERTY
 SPLIT_DEFAULT_RATIO = 1.8  # Iceberg's max-file-size-bytes default: 1.8 x the target
 # execution/external_sort.py: Arrow bytes a sorted group holds in memory (about twice that at peak)
 DEFAULT_SORT_MEMORY = 48 * MiB
@@ -70,41 +68,6 @@ class Policy:
         return int(self.target_file_size_bytes * self.min_target_size_ratio)
 
 
-def _parse_columns(value: str) -> tuple[str, ...]:
-    return tuple(c.strip() for c in value.split(",") if c.strip())
-
-
-def _parse_bool(value: str) -> bool:
-    if value.lower() in ("true", "false"):
-        return value.lower() == "true"
-    raise ValueError("expected true or false")
-
-
-# Iceberg table property -> (Policy field, parser). Other engines' users tune a table with these.
-TABLE_PROPERTIES = {
-    "compaction.target-file-size-bytes": ("target_file_size_bytes", int),
-    "compaction.fragment-ratio": ("fragment_ratio", int),
-    "compaction.min-target-size-ratio": ("min_target_size_ratio", float),
-    "compaction.min-input-files": ("min_input_files", int),
-    "compaction.max-group-bytes": ("max_group_bytes", int),
-    ENABLED_PROPERTY: ("enabled", _parse_bool),
-    "compaction.delete-file-threshold": ("delete_file_threshold", int),
-    "compaction.delete-ratio-threshold": ("delete_ratio_threshold", float),
-    "compaction.equality-delete-file-threshold": ("equality_delete_file_threshold", int),
-    "compaction.position-delete-file-threshold": ("position_delete_file_threshold", int),
-    "compaction.full.trigger-interval-ms": ("full_trigger_interval_ms", int),
-    "compaction.max-file-size-bytes": ("max_file_size_bytes", int),
-    "compaction.zorder-columns": ("zorder_columns", _parse_columns),
-    "compaction.cluster.min-overlap": ("cluster_min_overlap", float),
-    "compaction.sort.memory-bytes": ("sort_memory_bytes", int),
-    "compaction.expire.field": ("expire_field", str),
-    "compaction.expire.retention-ms": ("expire_retention_ms", int),
-    "compaction.rewrite-manifests.min-count": ("rewrite_manifests_min_count", int),
-    ICEBERG_MANIFEST_TARGET_PROPERTY: ("manifest_target_size_bytes", int),
-    "compaction.rewrite-old-specs": ("rewrite_old_specs", _parse_bool),
-}
-
-
 def resolve_policy(table_name: str, configured: PolicyConfig, table_properties: Mapping[str, str]) -> Policy:
     """Merge the layers; invalid table properties raise a ConfigError naming table and property."""
     policy = Policy()
@@ -128,30 +91,38 @@ def _parse(table_name: str, prop: str, raw: str, parse) -> object:
         raise ConfigError(f"table '{table_name}': property {prop}={raw!r} is invalid: {exc}") from None
 
 
+# What a valid policy satisfies besides positive int fields, each with what it says when not.
+_RULES: tuple[tuple[Callable[[Policy], bool], str], ...] = (
+    (lambda p: 0 < p.min_target_size_ratio <= 1, "min_target_size_ratio must be in (0, 1]"),
+    (lambda p: p.cluster_min_overlap > 0, "cluster_min_overlap must be positive"),
+    (lambda p: 0 < p.delete_ratio_threshold <= 1, "delete_ratio_threshold must be in (0, 1]"),
+    (lambda p: p.position_delete_file_threshold >= 2, "position_delete_file_threshold must be at least 2"),
+    (lambda p: p.rewrite_manifests_min_count >= 2, "rewrite_manifests_min_count must be at least 2"),
+    (lambda p: p.min_input_files >= 2, "min_input_files must be at least 2"),
+    (
+        lambda p: p.max_group_bytes >= p.target_file_size_bytes,
+        "max_group_bytes must be at least target_file_size_bytes",
+    ),
+    (
+        lambda p: p.full_trigger_interval_ms is None or p.full_trigger_interval_ms > 0,
+        "full_trigger_interval_ms must be positive",
+    ),
+    (lambda p: p.expire_retention_ms is None or p.expire_retention_ms > 0, "expire_retention_ms must be positive"),
+    (
+        lambda p: p.max_file_size_bytes is None or p.max_file_size_bytes > p.target_file_size_bytes,
+        "max_file_size_bytes must be larger than target_file_size_bytes",
+    ),
+    (
+        lambda p: (p.expire_field is None) == (p.expire_retention_ms is None),
+        "expire_field and expire_retention_ms go together (data expiration needs both)",
+    ),
+)
+
+
 def _validate(table_name: str, policy: Policy) -> None:
     problems = [
         f"{f.name} must be positive" for f in fields(policy) if f.type == "int" and getattr(policy, f.name) <= 0
     ]
-    if not 0 < policy.min_target_size_ratio <= 1:
-        problems.append("min_target_size_ratio must be in (0, 1]")
-    if not policy.cluster_min_overlap > 0:
-        problems.append("cluster_min_overlap must be positive")
-    if not 0 < policy.delete_ratio_threshold <= 1:
-        problems.append("delete_ratio_threshold must be in (0, 1]")
-    if policy.position_delete_file_threshold < 2:
-        problems.append("position_delete_file_threshold must be at least 2")
-    if policy.rewrite_manifests_min_count < 2:
-        problems.append("rewrite_manifests_min_count must be at least 2")
-    if policy.min_input_files < 2:
-        problems.append("min_input_files must be at least 2")
-    if policy.max_group_bytes < policy.target_file_size_bytes:
-        problems.append("max_group_bytes must be at least target_file_size_bytes")
-    for name in ("full_trigger_interval_ms", "expire_retention_ms"):
-        if (value := getattr(policy, name)) is not None and value <= 0:
-            problems.append(f"{name} must be positive")
-    if policy.max_file_size_bytes is not None and policy.max_file_size_bytes <= policy.target_file_size_bytes:
-        problems.append("max_file_size_bytes must be larger than target_file_size_bytes")
-    if (policy.expire_field is None) != (policy.expire_retention_ms is None):
-        problems.append("expire_field and expire_retention_ms go together (data expiration needs both)")
+    problems += [message for holds, message in _RULES if not holds(policy)]
     if problems:
         raise ConfigError(f"table '{table_name}': invalid compaction policy {policy}: {'; '.join(problems)}")

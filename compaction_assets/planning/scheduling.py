@@ -71,7 +71,7 @@ class Batch:
 
 def benefit_points(benefit: float) -> int:
     """Map a plan's benefit (0..inf: files removed per MiB read, plus the reads-saved term for
-    deletes; planner._benefit) onto 0..99, logarithmically."""
+    deletes; planning/benefit.py) onto 0..99, logarithmically."""
     return min(99, int(15 * math.log2(1 + max(benefit, 0.0))))
 
 

@@ -28,7 +28,7 @@ from compaction_assets.lake.manifest_io import (
     snapshot_manifests,
     v3_field,
 )
-from compaction_assets.planning.planner import Kind
+from compaction_assets.planning.model import Kind
 from tests.interop.checks import assert_rows, compaction_snapshots
 from tests.interop.conftest import SharedLake
 from tests.interop.race import RACE_AT, raced

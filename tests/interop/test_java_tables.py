@@ -14,7 +14,7 @@ import pytest
 
 from compaction_assets.lake.delete_files import commit_delete_files, equality_delete_file
 from compaction_assets.lake.files import live_files
-from compaction_assets.planning.planner import Kind
+from compaction_assets.planning.model import Kind
 from tests.interop.checks import assert_metadata_agrees, assert_rows, compaction_snapshots, java_maintenance
 from tests.interop.conftest import SharedLake
 from tests.interop.java import multiset
