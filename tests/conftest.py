@@ -24,10 +24,10 @@ from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType
 
 from compaction_assets.config import SparkConfig, load_config
-from compaction_assets.demo import append_fragments
 from compaction_assets.engine import Engine
 from compaction_assets.execution.spark import spark_session
-from compaction_assets.local_s3 import LocalS3, local_s3
+from compaction_tools.demo import append_fragments
+from compaction_tools.local_s3 import LocalS3, local_s3
 
 REPO = Path(__file__).resolve().parent.parent
 

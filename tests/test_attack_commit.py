@@ -15,9 +15,9 @@ from pyiceberg.types import FloatType, LongType, NestedField
 
 import compaction_assets.commit.two_phase as two_phase
 from compaction_assets.commit.ledger import Status
-from compaction_assets.demo import append_fragments
 from compaction_assets.iceberg_compat.arrow import dataframe_to_data_files
 from compaction_assets.lake.files import live_files
+from compaction_tools.demo import append_fragments
 from tests.conftest import BY_REGION, SCHEMA, batch, create_fragmented
 from tests.foreign_deletes import commit_deletes, equality_delete
 from tests.test_commit_safety import on_crash_point, rows

@@ -11,8 +11,8 @@ from pathlib import Path
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.transforms import BucketTransform, IdentityTransform
 
-from compaction_assets.demo import append_fragments
 from compaction_assets.lake.delete_files import commit_delete_files, equality_delete_file, position_delete_file
+from compaction_tools.demo import append_fragments
 from tests.conftest import SCHEMA, Lake, batch, create_fragmented
 from tests.lakekit.duckdb_reader import duckdb_rows
 from tests.lakekit.files import data_of, rows

@@ -12,9 +12,9 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, UUIDType
 from pyiceberg.utils.datetime import date_to_days, datetime_to_micros, time_to_micros
 
-from compaction_assets.demo import append_fragments
 from compaction_assets.lake.files import live_files
 from compaction_assets.planning.model import Kind
+from compaction_tools.demo import append_fragments
 from tests.lakekit.deletes import read_column
 from tests.lakekit.duckdb_reader import duckdb_rows
 from tests.lakekit.oracle import row_key

@@ -20,7 +20,6 @@ from pyiceberg.transforms import VoidTransform
 from pyiceberg.typedef import EMPTY_DICT, Record
 from pyiceberg.types import DoubleType, LongType, NestedField, UUIDType
 
-from compaction_assets.demo import append_fragments
 from compaction_assets.execution.delete_tiers import TierJob, convert_equality_deletes
 from compaction_assets.execution.deletes import GroupDeletes
 from compaction_assets.iceberg_compat.arrow import dataframe_to_data_files
@@ -33,6 +32,7 @@ from compaction_assets.lake.delete_files import (
 from compaction_assets.lake.deletes import ApplyingDeletes, global_spec_ids
 from compaction_assets.lake.files import live_files
 from compaction_assets.planning.model import DeleteMap, Kind
+from compaction_tools.demo import append_fragments
 from tests.conftest import BY_REGION, SCHEMA, Lake, batch, create_fragmented
 from tests.lakekit.duckdb_reader import duckdb_rows
 from tests.lakekit.files import data_of, kinds, rows

@@ -16,9 +16,9 @@ from compaction_assets.errors import ConfigError
 from compaction_assets.lake.appends import append_fragments
 from compaction_assets.lake.digest import row_hashes, rows_digest
 from compaction_assets.lake.files import live_files
-from compaction_assets.local_s3 import ACCESS_KEY, SECRET_KEY
 from compaction_assets.redact import is_secret_key
-from compaction_assets.reliability import check_invariants
+from compaction_tools.local_s3 import ACCESS_KEY, SECRET_KEY
+from compaction_tools.reliability import check_invariants
 from tests.conftest import BY_REGION, SCHEMA, batch, create_fragmented, write_config
 from tests.test_s3 import s3_with_auth  # noqa: F401 - a fixture: moto checking request signatures
 

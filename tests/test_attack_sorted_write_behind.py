@@ -149,7 +149,7 @@ def test_sorted_group_of_files_of_two_schemas(lake, tmp_path, monkeypatch):
     from pyiceberg.schema import Schema
     from pyiceberg.types import IntegerType, LongType, NestedField, StringType
 
-    from compaction_assets.demo import append_fragments
+    from compaction_tools.demo import append_fragments
 
     schema = Schema(
         NestedField(1, "id", LongType(), required=False),

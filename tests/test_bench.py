@@ -12,11 +12,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from compaction_assets.bench import footprint, iceberg_java, memory
-from compaction_assets.bench.contenders import peer_expected, rows_match, table_digest, table_rows_match
-from compaction_assets.bench.datasets import Dataset, rows
-from compaction_assets.bench.ours_process import OursProcess
-from compaction_assets.bench.run import (
+from compaction_assets.config import load_config
+from compaction_assets.engine import Engine
+from compaction_assets.lake.catalog import open_catalog
+from compaction_assets.lake.delete_files import commit_delete_files, position_delete_file
+from compaction_assets.lake.digest import batches_digest, rows_digest
+from compaction_tools.bench import footprint, iceberg_java, memory
+from compaction_tools.bench.contenders import peer_expected, rows_match, table_digest, table_rows_match
+from compaction_tools.bench.datasets import Dataset, rows
+from compaction_tools.bench.ours_process import OursProcess
+from compaction_tools.bench.run import (
     NAMESPACE,
     PEER_CHECK,
     TARGET,
@@ -27,12 +32,7 @@ from compaction_assets.bench.run import (
     comparison_lines,
     stage,
 )
-from compaction_assets.bench.s3_dataset import compare_s3, s3_source
-from compaction_assets.config import load_config
-from compaction_assets.engine import Engine
-from compaction_assets.lake.catalog import open_catalog
-from compaction_assets.lake.delete_files import commit_delete_files, position_delete_file
-from compaction_assets.lake.digest import batches_digest, rows_digest
+from compaction_tools.bench.s3_dataset import compare_s3, s3_source
 
 
 @pytest.fixture(scope="module")
@@ -230,8 +230,8 @@ def test_tree_pss_splits_pages_a_forked_child_shares_and_rss_counts_them_twice()
 def test_a_datasets_files_and_digest_are_written_once_for_both_passes(tmp_path):
     """The loaded pass reuses the quiet pass's source files and digest; a different dataset in the
     same folder writes its own; clearing a pass's runs keeps them."""
-    from compaction_assets.bench import datasets
-    from compaction_assets.bench.run import clear_runs
+    from compaction_tools.bench import datasets
+    from compaction_tools.bench.run import clear_runs
 
     folder = tmp_path / "data" / "d"
     first = Dataset("d", 3, 50)

@@ -26,10 +26,10 @@ from dagster._core.instance.ref import InstanceRef
 
 import compaction_assets
 from compaction_assets.config import load_config
-from compaction_assets.demo import append_fragments
 from compaction_assets.engine import Engine
 from compaction_assets.lake.digest import rows_digest
-from compaction_assets.local_cluster import LocalCluster, local_cluster, running
+from compaction_tools.demo import append_fragments
+from compaction_tools.local_cluster import LocalCluster, local_cluster, running
 from tests.conftest import CLI, REPO, SCHEMA, Lake, batch, create_fragmented, free_port, venv_bin, write_config
 
 pytestmark = pytest.mark.skipif(shutil.which("java") is None, reason="a Spark cluster needs Java 17+")

@@ -22,7 +22,6 @@ from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import Record
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType
 
-from compaction_assets.demo import append_fragments
 from compaction_assets.errors import ConfigError
 from compaction_assets.execution.external_sort import ExternalSort, SortSpec, spill_root
 from compaction_assets.execution.zorder import bits_per_column, interleave
@@ -32,6 +31,7 @@ from compaction_assets.lake.files import live_files
 from compaction_assets.planning.overlap import bounds_overlap
 from compaction_assets.planning.planner import plan_partition, plan_table
 from compaction_assets.planning.policy import Policy
+from compaction_tools.demo import append_fragments
 from tests.conftest import BY_REGION
 from tests.lakekit.oracle import row_key
 from tests.test_asset_check import materialization_metadata, run_partition

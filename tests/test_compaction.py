@@ -14,8 +14,8 @@ from pyiceberg.types import LongType, NestedField, StringType
 
 from compaction_assets.commit.ledger import Status
 from compaction_assets.commit.two_phase import ATTEMPT_ID_PROPERTY, TASK_ID_PROPERTY
-from compaction_assets.demo import append_fragments
 from compaction_assets.lake.digest import rows_digest
+from compaction_tools.demo import append_fragments
 from tests.conftest import SCHEMA, batch, create_fragmented, data_files
 from tests.lakekit.duckdb_reader import duckdb_multiset
 from tests.lakekit.oracle import row_key

@@ -30,7 +30,6 @@ from pyiceberg.table.update.snapshot import _FastAppendFiles, _OverwriteFiles, _
 from pyiceberg.types import LongType, NestedField
 from pyiceberg.utils.lazydict import LazyDict
 
-from compaction_assets.bench.plan_at_scale import _ManifestPerBatch
 from compaction_assets.commit.manifest_rewrite import _RewriteManifests
 from compaction_assets.commit.rewrite_producer import RewriteFiles
 from compaction_assets.dagster_host import dagster_internals
@@ -44,6 +43,7 @@ from compaction_assets.iceberg_compat.producers import (
 )
 from compaction_assets.lake.delete_files import _AddDeleteFiles, _DeleteManifestWriter
 from compaction_assets.lake.manifest_io import ManifestListWriterV3, ManifestWriterV3
+from compaction_tools.bench.plan_at_scale import _ManifestPerBatch
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "compaction_assets"

@@ -5,9 +5,9 @@ import random
 from collections import Counter
 
 from compaction_assets.config import load_config
-from compaction_assets.demo_cdc import CDC_TABLE, CdcWriter, create_cdc_table
 from compaction_assets.lake.catalog import open_catalog
 from compaction_assets.lake.files import live_files
+from compaction_tools.demo_cdc import CDC_TABLE, CdcWriter, create_cdc_table
 from tests.conftest import write_config
 from tests.lakekit.duckdb_reader import duckdb_rows
 from tests.lakekit.spec_reader import spec_rows

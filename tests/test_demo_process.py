@@ -17,9 +17,9 @@ import pyarrow as pa
 import pytest
 
 from compaction_assets.config import load_config
-from compaction_assets.demo_ui import session_members
 from compaction_assets.execution import connect_server
 from compaction_assets.lake.catalog import open_catalog
+from compaction_tools.demo_ui import session_members
 from tests.conftest import free_port
 from tests.lakekit.demo_process import answers, start_demo
 

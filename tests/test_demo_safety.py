@@ -6,8 +6,8 @@ import subprocess
 import pytest
 
 from compaction_assets.config import load_config
-from compaction_assets.demo import DEMO_TABLES, NotADemoLake, claim_demo_catalog, create_demo_lake
 from compaction_assets.lake.catalog import open_catalog
+from compaction_tools.demo import DEMO_TABLES, NotADemoLake, claim_demo_catalog, create_demo_lake
 from tests.conftest import BY_REGION, CLI, SCHEMA, batch, write_config
 
 

@@ -17,7 +17,7 @@ from compaction_assets.commit.ledger import Status
 from compaction_assets.config import load_config
 from compaction_assets.engine import Engine
 from compaction_assets.lake.digest import row_hashes
-from compaction_assets.reliability import check_invariants
+from compaction_tools.reliability import check_invariants
 from tests.conftest import CLI, create_fragmented, data_files, write_config
 
 

@@ -16,9 +16,9 @@ from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import LongType, NestedField, StringType
 
 from compaction_assets.commit.ledger import Status
-from compaction_assets.demo import append_fragments
 from compaction_assets.lake.delete_files import commit_delete_files, position_delete_file
 from compaction_assets.planning.model import Kind
+from compaction_tools.demo import append_fragments
 from tests.conftest import Lake, batch, create_fragmented, data_files
 from tests.lakekit.duckdb_reader import duckdb_rows
 from tests.lakekit.files import data_of, kinds, rows

@@ -9,12 +9,12 @@ from urllib.parse import urlparse
 import pytest
 
 from compaction_assets.config import GcConfig
-from compaction_assets.demo import append_fragments
 from compaction_assets.lake.datafile_codec import datafile_from_json, datafile_to_json
 from compaction_assets.lake.digest import rows_digest
 from compaction_assets.lake.files import live_data_files_by_path
 from compaction_assets.lake.storage import OutsideTableLocation
 from compaction_assets.maintenance.gc import GcPolicy, collect_garbage
+from compaction_tools.demo import append_fragments
 from tests.conftest import batch, create_fragmented, data_files
 
 KEEP_ONLY_CURRENT = GcPolicy(max_snapshot_age_ms=0, min_snapshots_to_keep=1, orphan_grace_ms=3600_000)

@@ -21,11 +21,11 @@ from pyiceberg.table import Table
 from compaction_assets import faults
 from compaction_assets.commit.ledger import Ledger, Status
 from compaction_assets.commit.recovery import recover
-from compaction_assets.demo import append_fragments
 from compaction_assets.lake.delete_files import commit_delete_files, position_delete_rows
 from compaction_assets.lake.files import live_files
 from compaction_assets.lake.storage import Claims, reachable
 from compaction_assets.maintenance.gc import IN_FLIGHT_SKEW_MS, GcPolicy, GcReport, collect_garbage
+from compaction_tools.demo import append_fragments
 from tests.conftest import BY_REGION, SCHEMA, Lake, batch
 from tests.lakekit import races
 from tests.lakekit.duckdb_reader import duckdb_rows

@@ -45,12 +45,12 @@ from compaction_assets import faults
 from compaction_assets.commit.consistency import check_consistency
 from compaction_assets.commit.ledger import Status
 from compaction_assets.commit.recovery import recover
-from compaction_assets.demo import append_fragments
 from compaction_assets.execution.partitioning import split_by_partition
 from compaction_assets.execution.worker import MAX_BUFFER_BYTES, GroupSpec, PartitionedWriter
 from compaction_assets.lake.files import live_files
 from compaction_assets.lake.partition_key import NULL_TOKEN, partition_id
 from compaction_assets.planning.model import Kind
+from compaction_tools.demo import append_fragments
 from tests.lakekit.deletes import commit_delete_files, equality_delete_file, position_delete_file, read_column
 from tests.lakekit.duckdb_reader import duckdb_rows
 from tests.lakekit.oracle import row_key

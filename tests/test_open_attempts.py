@@ -17,7 +17,7 @@ from compaction_assets.commit.ledger import OPEN, Claimed, Ledger, Status
 from compaction_assets.commit.two_phase import ATTEMPT_ID_PROPERTY
 from compaction_assets.faults import PAUSE_ENV
 from compaction_assets.lake.digest import row_hashes
-from compaction_assets.reliability import check_invariants
+from compaction_tools.reliability import check_invariants
 from tests.conftest import CLI, create_fragmented, data_files, postgres_schema
 
 

@@ -10,10 +10,10 @@ import pyarrow.parquet as pq
 from pyiceberg.expressions import EqualTo, IsNull
 from pyiceberg.typedef import Record
 
-from compaction_assets.demo import append_fragments
 from compaction_assets.iceberg_compat.arrow import dataframe_to_data_files
 from compaction_assets.lake.files import live_files
 from compaction_assets.lake.partition_key import NULL_TOKEN
+from compaction_tools.demo import append_fragments
 from tests.conftest import BY_REGION, SCHEMA, batch
 
 REGIONS = [None, "null", "", NULL_TOKEN, "a/b=c", "50% + x", "é日本", "...", "nan"]

@@ -3,9 +3,9 @@ whose hard-linked files hold their partition's rows, planned like any other."""
 
 import pyarrow.compute as pc
 
-from compaction_assets.bench import plan_at_scale
 from compaction_assets.config import load_config
 from compaction_assets.engine import Engine
+from compaction_tools.bench import plan_at_scale
 
 
 def test_the_generated_table_is_real_and_plans_every_partition(tmp_path):

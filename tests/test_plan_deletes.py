@@ -16,12 +16,12 @@ from pyiceberg.typedef import Record
 
 from compaction_assets.cli import main
 from compaction_assets.commit.ledger import Status
-from compaction_assets.demo import append_fragments
 from compaction_assets.engine import _Work
 from compaction_assets.execution.worker import GroupOutcome, RewriteJob
 from compaction_assets.lake.delete_files import commit_delete_files, equality_delete_file, position_delete_file
 from compaction_assets.lake.files import live_files
 from compaction_assets.planning.model import Kind
+from compaction_tools.demo import append_fragments
 from tests.conftest import SCHEMA, Lake, batch, create_fragmented, make_lake
 from tests.foreign_deletes import commit_deletes, position_delete
 

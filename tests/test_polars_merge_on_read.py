@@ -28,10 +28,10 @@ from pyiceberg.table import Table
 from pyiceberg.typedef import Record
 from pyiceberg.types import IntegerType, LongType, NestedField, StringType
 
-from compaction_assets.bench.cdc_worker import rewrite_job
-from compaction_assets.demo import append_fragments
 from compaction_assets.execution.worker import GroupOutcome, RewriteJob, rewrite_group
 from compaction_assets.lake.files import live_files
+from compaction_tools.bench.cdc_worker import rewrite_job
+from compaction_tools.demo import append_fragments
 from tests.lakekit.deletes import commit_delete_files, equality_delete_file, position_delete_file
 from tests.lakekit.oracle import row_key
 from tests.lakekit.spec_reader import spec_rows

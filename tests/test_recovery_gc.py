@@ -15,7 +15,6 @@ import pytest
 
 from compaction_assets.commit.ledger import Ledger, Status
 from compaction_assets.commit.recovery import PARK_AFTER, recover
-from compaction_assets.demo import append_fragments
 from compaction_assets.errors import CompactionError
 from compaction_assets.iceberg_compat.arrow import dataframe_to_data_files
 from compaction_assets.lake.datafile_codec import datafile_from_json, datafile_to_json
@@ -31,6 +30,7 @@ from compaction_assets.lake.storage import (
     table_files,
 )
 from compaction_assets.maintenance.gc import ORPHAN_SUFFIXES, GcPolicy, collect_garbage
+from compaction_tools.demo import append_fragments
 from tests.conftest import BY_REGION, SCHEMA, batch, create_fragmented, data_files, postgres_schema
 
 KEEP_ONLY_CURRENT = GcPolicy(max_snapshot_age_ms=0, min_snapshots_to_keep=1, orphan_grace_ms=3600_000)

@@ -14,8 +14,8 @@ import pytest
 
 from compaction_assets.commit.ledger import OPEN, Status
 from compaction_assets.commit.process_identity import judged_gone, process_identity
-from compaction_assets.demo import append_fragments
 from compaction_assets.lake.digest import row_hashes
+from compaction_tools.demo import append_fragments
 from tests.conftest import BY_REGION, CLI, SCHEMA, batch, create_fragmented, data_files
 
 

@@ -16,8 +16,8 @@ from pyiceberg.manifest import DataFileContent, ManifestEntryStatus
 from pyiceberg.table.snapshots import Operation
 
 import compaction_assets.commit.two_phase as two_phase
-from compaction_assets.demo import append_fragments
 from compaction_assets.lake.files import live_files
+from compaction_tools.demo import append_fragments
 from tests.conftest import SCHEMA, batch, create_fragmented
 from tests.foreign_deletes import commit_deletes, equality_delete, position_delete
 from tests.test_commit_safety import on_crash_point, rows

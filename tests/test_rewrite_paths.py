@@ -12,7 +12,6 @@ from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType
 
-from compaction_assets.demo import append_fragments
 from compaction_assets.engine import Engine
 from compaction_assets.execution.polars_rewrite import decoded_row_bytes, held_row_bytes, local_path
 from compaction_assets.execution.polars_storage import (
@@ -27,6 +26,7 @@ from compaction_assets.execution.worker import RewriteJob, RollingWriter, rewrit
 from compaction_assets.lake.catalog import load_table
 from compaction_assets.lake.datafile_codec import decode_partition
 from compaction_assets.lake.digest import rows_digest
+from compaction_tools.demo import append_fragments
 from tests.conftest import create_fragmented, data_files
 
 

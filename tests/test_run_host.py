@@ -15,11 +15,11 @@ import pytest
 from dagster import DagsterInstance, DagsterRunStatus
 from dagster._core.launcher import WorkerStatus
 
-from compaction_assets.bench.fixed_cost import trivial_table
 from compaction_assets.config import load_config
 from compaction_assets.dagster_host.launcher import HOST_PID_TAG
 from compaction_assets.dagster_host.protocol import SOCKET_NAME
 from compaction_assets.lake.catalog import open_catalog
+from compaction_tools.bench.fixed_cost import trivial_table
 from tests.conftest import REPO, write_config
 
 DAGSTER_YAML = """telemetry: {enabled: false}

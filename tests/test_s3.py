@@ -25,7 +25,6 @@ from dagster import instance_for_test
 from dagster._serdes import serialize_value
 from pyiceberg.catalog.sql import SqlCatalog
 
-from compaction_assets import local_s3
 from compaction_assets.commit.consistency import check_consistency
 from compaction_assets.commit.ledger import Status
 from compaction_assets.config import load_config
@@ -34,8 +33,9 @@ from compaction_assets.defs.naming import op_name
 from compaction_assets.lake.digest import row_hashes, rows_digest
 from compaction_assets.lake.files import live_files
 from compaction_assets.lake.storage import files_with_prefix
-from compaction_assets.local_s3 import LocalS3
-from compaction_assets.reliability import check_invariants
+from compaction_tools import local_s3
+from compaction_tools.local_s3 import LocalS3
+from compaction_tools.reliability import check_invariants
 from tests.conftest import CLI, REPO, SCHEMA, batch, create_fragmented, data_files, free_port, write_config
 from tests.lakekit.duckdb_reader import duckdb_multiset
 from tests.lakekit.oracle import row_key

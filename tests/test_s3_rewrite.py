@@ -35,7 +35,7 @@ from compaction_assets.lake.catalog import load_table
 from compaction_assets.lake.datafile_codec import decode_partition
 from compaction_assets.lake.delete_files import commit_delete_files, equality_delete_file, position_delete_file
 from compaction_assets.lake.digest import rows_digest
-from compaction_assets.local_s3 import ACCESS_KEY, SECRET_KEY
+from compaction_tools.local_s3 import ACCESS_KEY, SECRET_KEY
 from tests.conftest import create_fragmented, data_files
 
 

@@ -19,9 +19,9 @@ from compaction_assets import faults
 from compaction_assets.commit.ledger import Status
 from compaction_assets.commit.recovery import recover
 from compaction_assets.commit.two_phase import base_history
-from compaction_assets.demo import append_fragments
 from compaction_assets.lake.delete_files import commit_delete_files, position_delete_rows, read_column
 from compaction_assets.lake.files import live_files
+from compaction_tools.demo import append_fragments
 from tests.conftest import BY_REGION, SCHEMA, Lake, batch
 from tests.lakekit import races
 from tests.lakekit.duckdb_reader import duckdb_rows

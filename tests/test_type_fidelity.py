@@ -15,10 +15,10 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.types import IntegerType, NestedField, StringType, StructType
 
-from compaction_assets.bench.datasets import typed_rows
 from compaction_assets.execution import polars_rewrite
 from compaction_assets.lake.appends import append_fragments
 from compaction_assets.lake.digest import rows_digest
+from compaction_tools.bench.datasets import typed_rows
 from tests.conftest import data_files
 from tests.lakekit.duckdb_reader import duckdb_rows
 

@@ -18,8 +18,8 @@ from dagster._core.instance.ref import InstanceRef
 
 from compaction_assets.config import load_config
 from compaction_assets.defs.build import build_definitions, table_job
-from compaction_assets.demo import claim_demo_catalog, create_demo_lake
 from compaction_assets.engine import Engine
+from compaction_tools.demo import claim_demo_catalog, create_demo_lake
 from tests.conftest import REPO, free_port, venv_bin
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

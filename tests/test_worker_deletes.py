@@ -43,8 +43,6 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
-from compaction_assets.bench.cdc_worker import cdc_table, peak_rss_with_keys, position_deletes, rewrite_job
-from compaction_assets.demo import append_fragments
 from compaction_assets.execution import deletes as deletes_module
 from compaction_assets.execution import worker
 from compaction_assets.execution.deletes import GroupDeletes
@@ -58,6 +56,8 @@ from compaction_assets.execution.worker import (
     rewrite_tasks,
 )
 from compaction_assets.lake.files import live_files
+from compaction_tools.bench.cdc_worker import cdc_table, peak_rss_with_keys, position_deletes, rewrite_job
+from compaction_tools.demo import append_fragments
 from tests.lakekit.deletes import commit_delete_files, equality_delete_file, position_delete_file
 from tests.lakekit.oracle import row_key
 from tests.lakekit.spec_reader import spec_rows

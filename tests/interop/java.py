@@ -1,4 +1,4 @@
-"""The test side of Apache Iceberg Java: the bench's server (compaction_assets/bench/iceberg_java.py)
+"""The test side of Apache Iceberg Java: the bench's server (compaction_tools/bench/iceberg_java.py)
 with its values turned back into the types pyiceberg's reader gives.
 
 `setup_java.sh` installs that venv (pyspark 3.5.9, Iceberg 1.10.2's Spark runtime, JDBC drivers);
@@ -14,8 +14,8 @@ import decimal
 from collections import Counter
 from typing import Any
 
-from compaction_assets.bench import iceberg_java
-from compaction_assets.bench.iceberg_java import JavaError, unavailable
+from compaction_tools.bench import iceberg_java
+from compaction_tools.bench.iceberg_java import JavaError, unavailable
 from tests.lakekit.oracle import Row, row_key
 
 __all__ = ["JavaError", "JavaIceberg", "unavailable", "from_java", "comparable", "multiset"]

@@ -24,7 +24,7 @@ recovery), the oracle drops exactly the rows of that attempt's source files whos
 the cutoff in force when it was planned: rows appended meanwhile, NULLs and other files stay.
 
 Storage: the warehouse is a local folder, or (STATEFUL_STORAGE=s3, with `TableHistory.s3` set by the
-test) a fresh prefix per history on the local S3 server (compaction_assets/local_s3.py), reached
+test) a fresh prefix per history on the local S3 server (compaction_tools/local_s3.py), reached
 through the catalog's s3.* properties by pyiceberg, the Spark workers' FileIO and DuckDB's httpfs.
 On S3, add_files writes its file through the table's FileIO and registers it as `s3://` or `s3a://`
 (the local path spellings have no meaning there).
@@ -71,13 +71,13 @@ from compaction_assets.commit.ledger import OPEN, Status
 from compaction_assets.commit.recovery import recover as recover_attempts
 from compaction_assets.commit.two_phase import commit_snapshot
 from compaction_assets.config import load_config
-from compaction_assets.demo import append_fragments
 from compaction_assets.engine import Engine
 from compaction_assets.errors import CompactionError
 from compaction_assets.lake.files import live_files
 from compaction_assets.lake.manifest_cache import live_entries
 from compaction_assets.lake.partition_key import render_partition
-from compaction_assets.local_s3 import LocalS3
+from compaction_tools.demo import append_fragments
+from compaction_tools.local_s3 import LocalS3
 from tests.conftest import write_config
 from tests.lakekit.deletes import (
     commit_delete_files,

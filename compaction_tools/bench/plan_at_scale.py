@@ -264,7 +264,7 @@ def _peak_rss() -> int:
 
 
 def _in_child(kind: str, root: Path, repeats: int) -> dict:
-    command = [sys.executable, "-m", "compaction_assets.bench.plan_at_scale", "--child", kind, str(root), str(repeats)]
+    command = [sys.executable, "-m", "compaction_tools.bench.plan_at_scale", "--child", kind, str(root), str(repeats)]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"bench: the {kind} child failed:\n{done.stdout[-2000:]}{done.stderr[-4000:]}")

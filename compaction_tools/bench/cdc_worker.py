@@ -10,7 +10,7 @@ key hash table is built once per chunk, not once per file). Prints both rates (r
 second) and `share_of_2x_pyarrow` (ours / twice the single thread); then the worker's peak RSS
 rewriting 1,000,000 rows with 1,000,000 equality keys (longs) applying, in a fresh process.
 
-    python -m compaction_assets.bench.cdc_worker [--files 1000] [--rows-per-file 2000] [--keys 1000000]
+    python -m compaction_tools.bench.cdc_worker [--files 1000] [--rows-per-file 2000] [--keys 1000000]
 """
 
 from __future__ import annotations
@@ -31,12 +31,12 @@ from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.table import Table
 from pyiceberg.typedef import Record
 
-from compaction_assets.bench.datasets import Dataset, iceberg_table, write_files
 from compaction_assets.execution.worker import DeleteSpec, GroupSpec, RewriteJob, SourceFile, rewrite_group
 from compaction_assets.lake.datafile_codec import encode_partition
 from compaction_assets.lake.delete_files import FILE_PATH_ID, POS_ID, commit_delete_files, equality_delete_file
 from compaction_assets.lake.deletes import ApplyingDeletes
 from compaction_assets.lake.files import live_files
+from compaction_tools.bench.datasets import Dataset, iceberg_table, write_files
 
 BASELINE_CHUNK_ROWS = 500_000
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 from compaction_assets.config import SPARK_REMOTE_ENV, CompactionConfig
 from compaction_assets.defs.naming import WEBSERVER_ENV
-from compaction_assets.demo import append_order_batches
 from compaction_assets.execution import connect_server
 from compaction_assets.lake.catalog import load_table, open_catalog
 from compaction_assets.process_groups import Stop, session_members, signals_raise
 from compaction_assets.stack import PROJECT_DAGSTER_YAML, Stack, write_workspace
+from compaction_tools.demo import append_order_batches
 
 __all__ = ["run_dagster_dev", "session_members", "warm_spark"]
 

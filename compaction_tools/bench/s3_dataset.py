@@ -11,7 +11,7 @@ is read back through the server and compared by the multiset of its rows; then i
 the in-memory server holds the sources and one run's results at most. Spark's DataFrame rewrite
 does not take part (the pyspark wheel has no S3A filesystem).
 
-    python -m compaction_assets.bench.s3_dataset --repeats 3
+    python -m compaction_tools.bench.s3_dataset --repeats 3
 """
 
 from __future__ import annotations
@@ -31,14 +31,14 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import yaml
 
-from compaction_assets.bench import contenders, datasets
-from compaction_assets.bench.datasets import CODEC, Dataset
-from compaction_assets.bench.ours_process import OursProcess
-from compaction_assets.bench.s3_paths import slow_s3
 from compaction_assets.config import load_config
 from compaction_assets.engine import Engine
 from compaction_assets.lake.digest import RowsDigest, batches_digest
-from compaction_assets.local_s3 import LocalS3
+from compaction_tools.bench import contenders, datasets
+from compaction_tools.bench.datasets import CODEC, Dataset
+from compaction_tools.bench.ours_process import OursProcess
+from compaction_tools.bench.s3_paths import slow_s3
+from compaction_tools.local_s3 import LocalS3
 
 S3 = Dataset("s3", datasets.SMALL.files, datasets.SMALL.rows_per_file)
 SOURCE_PREFIX = "source"
@@ -129,7 +129,7 @@ def s3_source(spark, root: Path, log: Callable[[str], None], dataset: Dataset = 
         if len(sources) != dataset.files or bytes_in != sum(p.stat().st_size for p in local):
             raise RuntimeError(f"bench: the upload to {s3.endpoint} did not keep the {dataset.files} source files")
         engine = s3_engine(root, s3, spark)
-        from compaction_assets.bench.run import warmup_table  # run imports this module
+        from compaction_tools.bench.run import warmup_table  # run imports this module
 
         ours = OursProcess(root / "compaction-s3.yaml", warmup_table(engine))
         try:
@@ -268,8 +268,8 @@ def measure(repeats: int = 3, workdir: Path | None = None, log: Callable[[str], 
     """The s3 dataset alone on a fresh local Spark session (warmed up first): medians and ratios."""
     import tempfile
 
-    from compaction_assets.bench import run
     from compaction_assets.execution.spark import spark_session
+    from compaction_tools.bench import run
 
     root = Path(workdir or tempfile.mkdtemp(prefix="compaction-bench-s3-"))
     root.mkdir(parents=True, exist_ok=True)

@@ -14,9 +14,9 @@ external sort (execution/external_sort.py) with the default sort budget.
 (moto in a child process), reported as dataset "s3": the group read and written through Polars'
 object_store or pyarrow's S3 client rather than local files.
 
-    python -m compaction_assets.bench.memory --kind typed --gib 2
-    python -m compaction_assets.bench.memory --kind flat --order sort --order zorder --gib 2
-    python -m compaction_assets.bench.memory --s3 --gib 2
+    python -m compaction_tools.bench.memory --kind typed --gib 2
+    python -m compaction_tools.bench.memory --kind flat --order sort --order zorder --gib 2
+    python -m compaction_tools.bench.memory --s3 --gib 2
 """
 
 from __future__ import annotations
@@ -33,13 +33,13 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pyiceberg.transforms import IdentityTransform
 
-from compaction_assets.bench import contenders, datasets, footprint
-from compaction_assets.bench.ours_process import OursProcess, outcome_fields
-from compaction_assets.bench.s3_paths import slow_s3
 from compaction_assets.config import load_config
 from compaction_assets.engine import Engine
 from compaction_assets.execution.spark import spark_session
 from compaction_assets.lake.digest import RowsDigest
+from compaction_tools.bench import contenders, datasets, footprint
+from compaction_tools.bench.ours_process import OursProcess, outcome_fields
+from compaction_tools.bench.s3_paths import slow_s3
 
 MiB = 1024 * 1024
 FILE_BYTES = {"polars": 6 * MiB, "arrow": 40 * MiB}  # source file size that sends a group down each path
@@ -108,7 +108,7 @@ def measure_s3(spark, root: Path, path: str, gib: float = 2.0, log: Callable[[st
     """`measure` of the flat rows with the sources and the result on the local S3 server (moto, in
     a child process): the group read and written through S3 (Polars' object_store or pyarrow's S3
     client), reported as dataset "s3"."""
-    from compaction_assets.bench import s3_dataset
+    from compaction_tools.bench import s3_dataset
 
     folder = root / "data" / f"memory-s3-{path}"
     sources = write_group(folder / "source", "flat", gib, FILE_BYTES[path])
@@ -234,7 +234,7 @@ def measure_sorted(
 @click.option("--order", "orders", multiple=True, type=click.Choice(ORDERS), help="default: none (flat rows only)")
 @click.option("--s3", "on_s3", is_flag=True, help="the flat group on the local S3 server, each path")
 def main(kinds: tuple[str, ...], gib: float, orders: tuple[str, ...], on_s3: bool) -> None:
-    from compaction_assets.bench.run import bench_config
+    from compaction_tools.bench.run import bench_config
 
     root = Path(tempfile.mkdtemp(prefix="compaction-memory-"))
     ours = None

@@ -26,13 +26,13 @@ import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog
 from pyiceberg.typedef import Record
 
-from compaction_assets.bench import contenders, datasets, iceberg_java
-from compaction_assets.bench.datasets import Dataset
-from compaction_assets.bench.ours_process import OursProcess
 from compaction_assets.engine import Engine
 from compaction_assets.lake.delete_files import commit_delete_files, equality_delete_file, position_delete_file
 from compaction_assets.lake.digest import RowsDigest
 from compaction_assets.lake.files import live_files
+from compaction_tools.bench import contenders, datasets, iceberg_java
+from compaction_tools.bench.datasets import Dataset
+from compaction_tools.bench.ours_process import OursProcess
 
 CDC = Dataset("cdc", 1_000, 5_000, deletes="equality+position")
 MOR = Dataset("mor", 1_000, 5_000, deletes="position")
@@ -146,7 +146,7 @@ def compare_cdc(
     `java` is given) on it `repeats` times, interleaved. `load` (the background-load processes
     running meanwhile) names the tables apart from the quiet pass's. Returns the source bytes and
     every contender's runs."""
-    from compaction_assets.bench.run import JAVA_TABLE, java_options
+    from compaction_tools.bench.run import JAVA_TABLE, java_options
 
     folder = root / "data" / dataset.name
     log(f"[{dataset.name}] writing {dataset.files} files x {dataset.rows_per_file} rows and the delete plan ...")

@@ -16,8 +16,8 @@ from pyiceberg.types import IntegerType, LongType, NestedField
 
 from compaction_assets.config import load_config
 from compaction_assets.defs.sensors import evaluate_fragmentation
-from compaction_assets.demo import append_fragments
 from compaction_assets.lake.catalog import open_catalog
+from compaction_tools.demo import append_fragments
 
 PARTITIONS = 20
 SCHEMA = Schema(NestedField(1, "id", LongType(), required=False), NestedField(2, "p", IntegerType(), required=False))

@@ -15,11 +15,11 @@ from pyiceberg.transforms import DayTransform, IdentityTransform
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType, TimestampType
 
 from compaction_assets.config import CatalogConfig, CompactionConfig
-from compaction_assets.demo_cdc import CDC_TABLE, create_cdc_table
 from compaction_assets.errors import CompactionError
 from compaction_assets.lake.appends import append_fragments, append_order_batches
-from compaction_assets.local_s3 import LocalS3
 from compaction_assets.redact import redact
+from compaction_tools.demo_cdc import CDC_TABLE, create_cdc_table
+from compaction_tools.local_s3 import LocalS3
 
 DEMO_TABLES = ("demo.events", "sales.orders", "demo.metrics", "demo.users", CDC_TABLE)
 MARKER_SUFFIX = ".demo-lake"  # beside the catalog's SQLite file: the demo created this catalog

@@ -10,7 +10,7 @@ transaction. Each figure is taken in a fresh child process:
 - run start: `dagster api execute_run` (what a launched run's process runs) from its start to its
   first step's start; `scoped`: as the run host's child, with the run's table in $COMPACTION_DEFS_TABLES.
 Wall seconds on a shared machine follow its load; the CPU seconds beside them much less so.
-`python -m compaction_assets.bench.many_tables [REPEATS [SIZES...]]`
+`python -m compaction_tools.bench.many_tables [REPEATS [SIZES...]]`
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ from pyiceberg.catalog.sql import IcebergTables
 from sqlalchemy import delete, insert
 from sqlalchemy.orm import Session
 
-from compaction_assets.bench.planning_scale import SCHEMA, SPEC
 from compaction_assets.config import load_config
 from compaction_assets.defs.naming import TABLES_ENV
 from compaction_assets.lake.catalog import open_catalog
+from compaction_tools.bench.planning_scale import SCHEMA, SPEC
 
 NAMESPACE = "scale"
 

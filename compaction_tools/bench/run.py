@@ -22,7 +22,10 @@ import pyarrow as pa
 import yaml
 from pyiceberg.table import Table
 
-from compaction_assets.bench import (
+from compaction_assets.config import load_config
+from compaction_assets.engine import Engine, describe_phases
+from compaction_assets.execution.spark import spark_session
+from compaction_tools.bench import (
     cdc,
     contenders,
     datasets,
@@ -36,11 +39,8 @@ from compaction_assets.bench import (
     planning_scale,
     s3_dataset,
 )
-from compaction_assets.bench.datasets import Dataset
-from compaction_assets.bench.ours_process import OursProcess
-from compaction_assets.config import load_config
-from compaction_assets.engine import Engine, describe_phases
-from compaction_assets.execution.spark import spark_session
+from compaction_tools.bench.datasets import Dataset
+from compaction_tools.bench.ours_process import OursProcess
 
 MiB = 1024 * 1024
 TARGET = 128 * MiB
@@ -266,7 +266,7 @@ def commits_per_table(engine: Engine, log: Callable[[str], None], partitions: in
 
 def partitioned_fragments(engine: Engine, name: str, partitions: int, files_per_partition: int = 6) -> Table:
     """A table partitioned by an int column, `files_per_partition` files of ten rows in each."""
-    from compaction_assets.demo import append_fragments
+    from compaction_tools.demo import append_fragments
 
     batches = [
         datasets.rows(i * 10, 10, i).append_column("part", pa.array([i % partitions] * 10, pa.int32()))

@@ -30,7 +30,7 @@ from compaction_assets.engine import Engine
 from compaction_assets.faults import CRASH_ENV
 from compaction_assets.lake.catalog import load_table, open_catalog
 from compaction_assets.lake.digest import row_hashes
-from compaction_assets.reliability import InvariantReport, check_invariants
+from compaction_tools.reliability import InvariantReport, check_invariants
 
 TABLE = "soak.events"
 REGIONS = ("eu", "us", "apac", "latam")

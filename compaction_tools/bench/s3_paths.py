@@ -8,7 +8,7 @@ moto runs in a child process (so its Python does not share this process's GIL) a
 fixed delay to every request, emulating an object store's first-byte latency (real S3: ~10-30 ms
 in-region for small GETs); without it, moto answers in ~1-3 ms of server CPU per request.
 
-    python -m compaction_assets.bench.s3_paths --files 300 --repeats 3 --delay-ms 0 10
+    python -m compaction_tools.bench.s3_paths --files 300 --repeats 3 --delay-ms 0 10
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from contextlib import contextmanager
 import pyarrow as pa
 
 from compaction_assets.execution import source_reader
-from compaction_assets.local_s3 import LocalS3
+from compaction_tools.local_s3 import LocalS3
 
 MiB = 1024 * 1024
 

@@ -18,14 +18,14 @@ from pathlib import Path
 import yaml
 from dagster import DagsterEventType, DagsterInstance
 
-from compaction_assets.bench.datasets import rows
 from compaction_assets.config import load_config
 from compaction_assets.dagster_host import process as run_host
 from compaction_assets.dagster_host.dagster_internals import SYNC_RUN_COORDINATOR_MODULE
 from compaction_assets.defs.naming import table_key
-from compaction_assets.demo import append_fragments
 from compaction_assets.execution import connect_server
 from compaction_assets.lake.catalog import open_catalog
+from compaction_tools.bench.datasets import rows
+from compaction_tools.demo import append_fragments
 
 
 def trivial_table(config_path: Path, name: str) -> None:

@@ -1,8 +1,8 @@
 """One compaction on a Spark standalone cluster, measured the way a user runs it.
 
-    python -m compaction_assets.bench.cluster [--dataset small|tiny] [--workers 2] [--master spark://H:P]
+    python -m compaction_tools.bench.cluster [--dataset small|tiny] [--workers 2] [--master spark://H:P]
 
-Starts a local standalone cluster (compaction_assets.local_cluster: a master and `--workers`
+Starts a local standalone cluster (compaction_tools.local_cluster: a master and `--workers`
 workers of one core and 1 GiB each on 127.0.0.1) unless `--master` names one, writes the bench
 dataset as one unpartitioned Iceberg table in a scratch lake, and runs `compaction-assets compact`
 in its own process with `spark.master` pointing at the cluster. Prints the files and bytes before
@@ -23,11 +23,11 @@ from pathlib import Path
 
 import yaml
 
-from compaction_assets.bench import datasets
 from compaction_assets.config import load_config
 from compaction_assets.lake.catalog import open_catalog
 from compaction_assets.lake.digest import rows_digest
-from compaction_assets.local_cluster import local_cluster
+from compaction_tools.bench import datasets
+from compaction_tools.local_cluster import local_cluster
 
 DATASETS = {"small": datasets.SMALL, "tiny": datasets.TINY}
 TABLE = "bench.t"
@@ -101,7 +101,7 @@ def measure(root: Path, master: str, dataset: datasets.Dataset) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m compaction_assets.bench.cluster", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m compaction_tools.bench.cluster", description=__doc__)
     parser.add_argument("--dataset", choices=sorted(DATASETS), default="small")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--master", default=None, help="an existing cluster (default: start a local one)")

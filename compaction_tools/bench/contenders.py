@@ -24,14 +24,14 @@ from pyiceberg.io.pyarrow import pyarrow_to_schema
 from pyiceberg.schema import index_by_name
 from pyspark.sql import SparkSession
 
-from compaction_assets.bench import footprint
-from compaction_assets.bench.datasets import CODEC
-from compaction_assets.bench.iceberg_java import JavaIceberg, RunCatalog, rewrite_data_files
-from compaction_assets.bench.ours_process import OursProcess
 from compaction_assets.execution.worker import peak_rss
 from compaction_assets.lake.catalog import load_table
 from compaction_assets.lake.digest import RowsDigest, batches_digest, rows_digest
 from compaction_assets.lake.storage import filesystem_of
+from compaction_tools.bench import footprint
+from compaction_tools.bench.datasets import CODEC
+from compaction_tools.bench.iceberg_java import JavaIceberg, RunCatalog, rewrite_data_files
+from compaction_tools.bench.ours_process import OursProcess
 
 ICEBERG_JAVA = "iceberg-java"
 

@@ -258,11 +258,11 @@ def _tail(log: Path, chars: int = 3000) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m compaction_assets.local_cluster`: run a local cluster until Ctrl-C or SIGTERM."""
+    """`python -m compaction_tools.local_cluster`: run a local cluster until Ctrl-C or SIGTERM."""
     import argparse
     import tempfile
 
-    parser = argparse.ArgumentParser(prog="python -m compaction_assets.local_cluster", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m compaction_tools.local_cluster", description=main.__doc__)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--cores", type=int, default=1, help="cores per worker")
     parser.add_argument("--memory", default="1g", help="memory per worker (what its executors may use)")
