@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from dataclasses import asdict
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -15,17 +14,16 @@ import click
 from compaction_assets.commit.ledger import Ledger
 from compaction_assets.commit.recovery import open_attempts_note
 from compaction_assets.config import load_config
-from compaction_assets.engine import Engine, PartitionOutcome
+from compaction_assets.engine import Engine
 from compaction_assets.errors import CatalogError, CompactionError, ConfigError
 from compaction_assets.lake.catalog import TableNotFound
-from compaction_assets.planning.planner import Kind, PartitionPlan
+from compaction_assets.planning.planner import Kind
 from compaction_assets.redact import RedactingFilter, redact
+from compaction_assets.reports import expire_summary, plan_doc, plan_lines, print_outcomes
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from types import ModuleType
-
-    from compaction_assets.planning.manifests import ManifestPlan
 
 
 def open_engine(ctx: click.Context, read_only: bool = False, new_catalog: bool = False) -> Engine:
@@ -117,112 +115,10 @@ def plan(ctx: click.Context, table: str, as_json: bool) -> None:
     tplan = engine.plan(table)
     in_flight = open_attempts_note(engine.ledger, table, engine.config.state.executing_timeout_seconds)
     if as_json:
-        doc = {
-            "table": table,
-            "snapshot_id": tplan.snapshot_id,
-            "policy": asdict(tplan.policy),
-            "refused": tplan.refused,
-            "partitions": [
-                {
-                    "partition": p.partition_key,
-                    "kind": p.kind,
-                    "reason": p.reason,
-                    "benefit": round(p.benefit, 4),
-                    "stats": asdict(p.stats),
-                    "groups": [{"files": len(g.paths), "bytes": g.bytes} for g in p.groups],
-                    "delete_paths": list(p.delete_paths),
-                    "covered_data_paths": list(p.covered_data_paths),
-                    "drop_paths": list(p.drop_paths),
-                    "expired_rows_estimate": p.expired_rows,
-                }
-                for p in tplan.partitions
-            ],
-            "manifests": _manifests_doc(tplan.manifests),
-            "in_flight": in_flight,
-        }
-        click.echo(json.dumps(doc, indent=2))
+        click.echo(json.dumps(plan_doc(table, tplan, in_flight), indent=2))
         return
-    policy = tplan.policy
-    click.echo(
-        f"{table} @ snapshot {tplan.snapshot_id}: target {policy.target_file_size_bytes} B, "
-        f"fragment <= {policy.fragment_max_bytes} B, undersized < {policy.undersized_below_bytes} B, "
-        f"min_input_files {policy.min_input_files}; delete triggers: >= {policy.delete_file_threshold} delete "
-        f"files on a file, deleted-row ratio >= {policy.delete_ratio_threshold}; tiers: >= "
-        f"{policy.equality_delete_file_threshold} equality-delete files, >= "
-        f"{policy.position_delete_file_threshold} small position-delete files; split > {policy.split_above_bytes} B; "
-        + (
-            f"full every {policy.full_trigger_interval_ms} ms"
-            if policy.full_trigger_interval_ms is not None
-            else "full optimizing off"
-        )
-    )
-    if tplan.clustering:
-        click.echo(
-            f"clustering: {tplan.clustering.describe()}; cluster when bounds overlap >= "
-            f"{policy.cluster_min_overlap:g}; sorted rewrites spill beyond {policy.sort_memory_bytes} B"
-        )
-    if tplan.refused:
-        click.echo(f"not compacted: {tplan.refused}")
-    if tplan.expire is not None:
-        expiry = tplan.expire if isinstance(tplan.expire, str) else f"expires rows where {tplan.expire.describe()}"
-        click.echo(f"data expiration: {expiry}")
-    click.echo(
-        f"{'partition':32} {'files':>6} {'bytes':>12} {'frag':>5} {'under':>5} {'posdel':>6} {'eqdel':>5} "
-        f"{'deleted':>9} {'ratio':>5} {'amp':>6}  plan"
-    )
-    for p in tplan.partitions:
-        s = p.stats
-        if not p.worth_compacting:
-            what = f"nothing: {p.reason}"
-        elif p.drop_paths or p.kind == Kind.EXPIRE:
-            what = f"{_expire_summary(p)}, benefit {p.benefit:.2f}; {p.reason}"
-        elif p.is_tier:
-            what = (
-                f"{len(p.delete_paths)} delete files over {len(p.covered_data_paths)} data files, "
-                f"benefit {p.benefit:.2f}; {p.reason}"
-            )
-        else:
-            what = f"{p.input_files} files in {len(p.groups)} group(s), benefit {p.benefit:.2f}; {p.reason}"
-        click.echo(
-            f"{p.partition_key or '(unpartitioned)':32} {s.data_files:>6} {s.data_bytes:>12} "
-            f"{s.fragments:>5} {s.undersized:>5} {s.position_delete_files:>6} {s.equality_delete_files:>5} "
-            f"{s.deleted_rows:>9} {s.delete_ratio:>5.2f} {s.read_amplification:>6.2f}  {what}"
-        )
-    click.echo(f"{len(tplan.to_compact)} of {len(tplan.partitions)} partition(s) to compact")
-    for line in in_flight:
-        click.echo(f"in flight: {line}")
-    if (m := tplan.manifests) is not None:
-        if not m.due:
-            click.echo(f"table: nothing: {m.reason}")
-        elif tplan.to_compact:
-            click.echo(f"table: {m.kind} after the compactions (they merge manifests too): {m.reason}")
-        else:
-            click.echo(f"table: {m.kind}, benefit {m.benefit:.2f}; {m.reason}")
-
-
-def _manifests_doc(m: ManifestPlan | None) -> dict | None:
-    if m is None:
-        return None
-    return {
-        "kind": m.kind if m.due else None,
-        "due": m.due,
-        "reason": m.reason,
-        "benefit": round(m.benefit, 4),
-        "manifests": m.manifests,
-        "small": m.small,
-        "entries": m.entries,
-        "avg_entries": round(m.avg_entries, 2),
-        "expected_outputs": m.expected_outputs,
-    }
-
-
-def _expire_summary(p: PartitionPlan) -> str:
-    """What a data expiration of one partition would remove: files dropped unread, files rewritten."""
-    dropped = len(p.drop_paths)
-    return (
-        f"expire ~{p.expired_rows} row(s): {dropped} file(s) dropped unread, {p.input_files} file(s) "
-        f"rewritten in {len(p.groups)} group(s)"
-    )
+    for line in plan_lines(table, tplan, in_flight):
+        click.echo(line)
 
 
 @main.command()
@@ -252,7 +148,7 @@ def expire(ctx: click.Context, table: str, partition: str | None, dry_run: bool)
     plans = [p for p in tplan.to_compact if p.kind == Kind.EXPIRE]
     click.echo(f"{table} @ snapshot {tplan.snapshot_id}: would expire rows where {tplan.expire.describe()}")
     for p in plans:
-        click.echo(f"{p.partition_key or '(unpartitioned)'}: {_expire_summary(p)}")
+        click.echo(f"{p.partition_key or '(unpartitioned)'}: {expire_summary(p)}")
         for path in p.drop_paths:
             click.echo(f"  drop     {path}")
         for path in (path for g in p.groups for path in g.paths):
@@ -525,27 +421,6 @@ def spark_server(ctx: click.Context, action: str) -> None:
         sys.exit(3)
     if action == "stop" and state.pid is not None:
         sys.exit(1)
-
-
-def _overlap_text(overlap: dict) -> str:
-    columns = ", ".join(overlap["columns"])
-    return f", bounds overlap {overlap['before']:g} -> {overlap['after']:g} on {overlap['order']}({columns})"
-
-
-def print_outcomes(outcomes: list[PartitionOutcome]) -> None:
-    for o in outcomes:
-        where = f"{o.table_name} [{o.partition_key or 'unpartitioned'}]"
-        if o.status == "committed":
-            click.echo(
-                f"{where}: committed {o.kind}: {o.files_before} -> {o.files_after} files, "
-                f"{o.bytes_before} -> {o.bytes_after} bytes, {o.rows} rows, {o.groups} group(s), "
-                f"{o.seconds:.1f}s, snapshot {o.snapshot_id}"
-                + (f", rewrite path {o.engine}" if o.engine else "")
-                + (f"; {o.reason}" if o.kind in (Kind.EXPIRE, Kind.OLD_SPEC) else "")  # what went, where
-                + (_overlap_text(o.bounds_overlap) if o.bounds_overlap else "")
-            )
-        else:
-            click.echo(f"{where}: {o.status}: {o.reason}", err=o.status == "failed")
 
 
 COMMANDS_GROUP = "compaction_assets.commands"

@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING
 
 import click
 
-from compaction_assets.cli import open_engine, print_outcomes
+from compaction_assets.cli import open_engine
 from compaction_assets.config import load_config
 from compaction_assets.engine import Engine, PartitionOutcome
+from compaction_assets.reports import print_outcomes
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table

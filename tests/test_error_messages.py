@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from compaction_assets import faults
-from compaction_assets.cli import _print_outcomes
 from compaction_assets.execution.connect_server import SBIN
+from compaction_assets.reports import print_outcomes
 from tests.conftest import CLI, create_fragmented, free_port
 
 
@@ -127,7 +127,7 @@ def test_a_backed_off_partition_is_named_once(lake, capsys):
     finally:
         faults.disarm()
 
-    _print_outcomes(outcomes)
+    print_outcomes(outcomes)
 
     [line] = capsys.readouterr().out.splitlines()
     assert line.startswith("ns.t [region=eu]: backed_off: "), line
