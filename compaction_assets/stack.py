@@ -128,6 +128,7 @@ def serve(config: CompactionConfig, port: int) -> int:
         SPARK_REMOTE_ENV: config.spark.remote,  # --spark-port reaches the code servers and runs
     }
     bin_dir = Path(sys.executable).parent
+    require_ui(bin_dir)
     stack = Stack(config)
     with signals_raise():
         try:
@@ -177,3 +178,12 @@ def _ready_line(config: CompactionConfig, url: str, home: Path) -> str:
         f"{SPARK_REMOTE_ENV}={connect_server.safe_remote(config.spark.remote)} compaction-assets status\n"
         f"Ctrl-C (or kill -INT/-TERM {os.getpid()}) stops everything."
     )
+
+
+UI_EXTRA = "pip install 'compaction-assets[ui]'"
+
+
+def require_ui(bin_dir: Path) -> None:
+    """Fail at once, saying what to install, when the Dagster webserver is not installed beside us."""
+    if not (bin_dir / "dagster-webserver").exists():
+        raise CompactionError(f"the Dagster UI (dagster-webserver) is not installed in {bin_dir}: {UI_EXTRA}")

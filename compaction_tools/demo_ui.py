@@ -16,7 +16,7 @@ from compaction_assets.defs.naming import WEBSERVER_ENV
 from compaction_assets.execution import connect_server
 from compaction_assets.lake.catalog import load_table, open_catalog
 from compaction_assets.process_groups import Stop, session_members, signals_raise
-from compaction_assets.stack import PROJECT_DAGSTER_YAML, Stack, write_workspace
+from compaction_assets.stack import PROJECT_DAGSTER_YAML, Stack, require_ui, write_workspace
 from compaction_tools.demo import append_order_batches
 
 __all__ = ["run_dagster_dev", "session_members", "warm_spark"]
@@ -33,6 +33,7 @@ def run_dagster_dev(config: CompactionConfig, port: int, stream: bool) -> int:
     Connect server the demo started are signalled at once, and what outlives the grace is killed
     (stack.Stack.stop).
     """
+    require_ui(Path(sys.executable).parent)
     home = Path(config.source).parent / ".dagster_home"
     home.mkdir(exist_ok=True)
     shutil.copy(PROJECT_DAGSTER_YAML, home / "dagster.yaml")
