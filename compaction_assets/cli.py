@@ -380,7 +380,7 @@ def serve(ctx: click.Context, port: int, spark_port: int | None) -> None:
 
 @main.command()
 @click.option(
-    "--catalog-uri", required=True, help="sqlite:///PATH, postgresql+psycopg2://USER@HOST/DB or http(s)://REST"
+    "--catalog-uri", required=True, help="sqlite:///PATH, postgresql+psycopg://USER@HOST/DB or http(s)://REST"
 )
 @click.option("--warehouse", default=None, help="the catalog's warehouse (needed only to create tables)")
 @click.option("--name", default=None, help="the catalog's name (default: the one the SQL catalog holds)")

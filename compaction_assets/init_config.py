@@ -95,7 +95,7 @@ def _catalog_properties(uri: str, warehouse: str | None) -> dict[str, str]:
         properties = {"type": "sql", "uri": uri}
     else:
         raise CatalogError(
-            f"--catalog-uri {redact.redact(uri)!r} is not a URI: sqlite:///PATH, postgresql+psycopg2://USER@HOST/DB "
+            f"--catalog-uri {redact.redact(uri)!r} is not a URI: sqlite:///PATH, postgresql+psycopg://USER@HOST/DB "
             "or http(s)://REST-CATALOG"
         )
     if warehouse:

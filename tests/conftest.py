@@ -96,7 +96,7 @@ def write_config(root: Path, tables: list[dict] | None = None, **extra) -> Path:
 
 
 # The PostgreSQL used by the PostgreSQL variants of the tests (trust auth on this machine's server).
-PG_URL = os.environ.get("COMPACTION_TEST_PG_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/test")
+PG_URL = os.environ.get("COMPACTION_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
 
 def postgres_unreachable() -> str | None:

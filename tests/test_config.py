@@ -96,7 +96,7 @@ def test_invalid_table_property_names_table_and_property(props):
 
 
 def test_environment_variables_expand_and_unset_ones_are_named(tmp_path, monkeypatch):
-    uri = "postgresql+psycopg2://${PGUSER}:${PGPASSWORD}@${PGHOST}/lake"
+    uri = "postgresql+psycopg://${PGUSER}:${PGPASSWORD}@${PGHOST}/lake"
     path = write(
         tmp_path, {"catalog": {"name": "lake", "properties": {"type": "sql", "uri": uri}}, "state": {"uri": uri}}
     )
@@ -104,7 +104,7 @@ def test_environment_variables_expand_and_unset_ones_are_named(tmp_path, monkeyp
     monkeypatch.setenv("PGPASSWORD", "s3cret")
     monkeypatch.setenv("PGHOST", "db.internal")
     cfg = load_config(path)
-    assert cfg.catalog.properties["uri"] == "postgresql+psycopg2://svc:s3cret@db.internal/lake"
+    assert cfg.catalog.properties["uri"] == "postgresql+psycopg://svc:s3cret@db.internal/lake"
     assert cfg.state_uri == cfg.catalog.properties["uri"]
     monkeypatch.delenv("PGPASSWORD")
     with pytest.raises(ConfigError, match="catalog.properties.uri: environment variable PGPASSWORD is not set"):

@@ -42,7 +42,7 @@ def test_demo_creates_marks_and_reuses_its_own_catalog(tmp_path):
 
 def test_demo_refuses_a_catalog_that_is_not_a_local_sqlite_file(tmp_path, monkeypatch):
     monkeypatch.setenv("PW", "Planted-S3cret-pw")
-    uri = "postgresql+psycopg2://lake:${PW}@db.example:5432/lake"
+    uri = "postgresql+psycopg://lake:${PW}@db.example:5432/lake"
     config = load_config(write_config(tmp_path, catalog={"name": "prod", "properties": {"type": "sql", "uri": uri}}))
     with pytest.raises(NotADemoLake) as err:
         claim_demo_catalog(config.catalog)

@@ -41,7 +41,7 @@ def test_deployment_runs_on_postgres(fresh_database, tmp_path, monkeypatch, spar
         monkeypatch.setenv(f"{prefix}_PG_DB", fresh_database)
     monkeypatch.setenv("LAKE_WAREHOUSE", f"file://{tmp_path / 'warehouse'}")
     config = load_config(REPO / "deploy" / "compaction.yaml")
-    assert config.catalog.properties["uri"].startswith("postgresql+psycopg2://")
+    assert config.catalog.properties["uri"].startswith("postgresql+psycopg://")
     engine = Engine(config, spark=lambda: spark)
     engine.catalog.create_namespace("ns")
     table = create_fragmented(Lake(tmp_path, REPO / "deploy" / "compaction.yaml", engine), "ns.t", {"eu": 10})

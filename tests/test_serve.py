@@ -86,8 +86,8 @@ def test_init_names_what_is_wrong_with_the_catalog(tmp_path):
     assert wrong_name.returncode == 2 and "has no catalog named 'lake'; it holds prod" in wrong_name.stderr
 
     port = free_port()  # nothing listens: the error names the catalog, never its password
-    down = run_cli("init", "--catalog-uri", f"postgresql+psycopg2://me:{PASSWORD}@127.0.0.1:{port}/db", cwd=tmp_path)
-    assert down.returncode == 2 and f"catalog at postgresql+psycopg2://me:***@127.0.0.1:{port}/db: cannot connect" in (
+    down = run_cli("init", "--catalog-uri", f"postgresql+psycopg://me:{PASSWORD}@127.0.0.1:{port}/db", cwd=tmp_path)
+    assert down.returncode == 2 and f"catalog at postgresql+psycopg://me:***@127.0.0.1:{port}/db: cannot connect" in (
         down.stderr
     )
     assert PASSWORD not in down.stdout + down.stderr
