@@ -29,7 +29,7 @@ from pyiceberg.typedef import Record
 from compaction_assets.bench import contenders, datasets, iceberg_java
 from compaction_assets.bench.datasets import Dataset
 from compaction_assets.bench.ours_process import OursProcess
-from compaction_assets.engine import Engine
+from compaction_assets.engine.facade import Engine
 from compaction_assets.lake.delete_files import commit_delete_files, equality_delete_file, position_delete_file
 from compaction_assets.lake.digest import RowsDigest
 from compaction_assets.lake.files import live_files

@@ -37,7 +37,7 @@ from compaction_assets.bench import contenders, datasets, footprint
 from compaction_assets.bench.ours_process import OursProcess, outcome_fields
 from compaction_assets.bench.s3_paths import slow_s3
 from compaction_assets.config import load_config
-from compaction_assets.engine import Engine
+from compaction_assets.engine.facade import Engine
 from compaction_assets.execution.spark import spark_session
 from compaction_assets.lake.digest import RowsDigest
 

@@ -39,7 +39,8 @@ from compaction_assets.bench import (
 from compaction_assets.bench.datasets import Dataset
 from compaction_assets.bench.ours_process import OursProcess
 from compaction_assets.config import load_config
-from compaction_assets.engine import Engine, describe_phases
+from compaction_assets.engine.facade import Engine
+from compaction_assets.engine.outcomes import describe_phases
 from compaction_assets.execution.spark import spark_session
 
 MiB = 1024 * 1024

@@ -36,7 +36,7 @@ from compaction_assets.bench.datasets import CODEC, Dataset
 from compaction_assets.bench.ours_process import OursProcess
 from compaction_assets.bench.s3_paths import slow_s3
 from compaction_assets.config import load_config
-from compaction_assets.engine import Engine
+from compaction_assets.engine.facade import Engine
 from compaction_assets.lake.digest import RowsDigest, batches_digest
 from compaction_assets.local_s3 import LocalS3
 
