@@ -14,7 +14,7 @@ import click
 from compaction_assets.commit.ledger import Ledger
 from compaction_assets.commit.recovery import open_attempts_note
 from compaction_assets.config import load_config
-from compaction_assets.engine import Engine
+from compaction_assets.engine.facade import Engine
 from compaction_assets.errors import CatalogError, CompactionError, ConfigError
 from compaction_assets.lake.catalog import TableNotFound
 from compaction_assets.planning.planner import Kind

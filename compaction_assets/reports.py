@@ -6,7 +6,8 @@ from dataclasses import asdict
 
 import click
 
-from compaction_assets.engine import PartitionOutcome, TablePlan
+from compaction_assets.engine.outcomes import PartitionOutcome
+from compaction_assets.engine.table_plan import TablePlan
 from compaction_assets.planning.manifests import ManifestPlan
 from compaction_assets.planning.planner import Kind, PartitionPlan
 

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 
 from compaction_assets.commit.ledger import OPEN, Status
 from compaction_assets.config import SparkConfig
-from compaction_assets.engine import Engine
+from compaction_assets.engine.facade import Engine
 from compaction_assets.errors import CompactionError
 from compaction_assets.lake.catalog import load_table, managed_tables
 

@@ -13,7 +13,8 @@ import click
 
 from compaction_assets.cli import open_engine
 from compaction_assets.config import load_config
-from compaction_assets.engine import Engine, PartitionOutcome
+from compaction_assets.engine.facade import Engine
+from compaction_assets.engine.outcomes import PartitionOutcome
 from compaction_assets.reports import print_outcomes
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from compaction_assets.commit.consistency import check_consistency
 from compaction_assets.commit.ledger import OPEN
-from compaction_assets.engine import Engine
+from compaction_assets.engine.facade import Engine
 from compaction_assets.lake.catalog import load_table
 from compaction_assets.lake.digest import table_row_hashes
 from compaction_assets.lake.files import live_files

@@ -26,7 +26,7 @@ from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import LongType, NestedField, StringType
 
 from compaction_assets.config import load_config
-from compaction_assets.engine import Engine
+from compaction_assets.engine.facade import Engine
 from compaction_assets.faults import CRASH_ENV
 from compaction_assets.lake.catalog import load_table, open_catalog
 from compaction_assets.lake.digest import row_hashes

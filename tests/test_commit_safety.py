@@ -2,7 +2,7 @@
 
 import pytest
 
-import compaction_assets.engine as engine_module
+import compaction_assets.engine.run as engine_module
 from compaction_assets.commit.ledger import StaleAttempt, Status
 from compaction_assets.commit.two_phase import TASK_ID_PROPERTY
 from compaction_assets.config import load_config

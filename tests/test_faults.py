@@ -12,7 +12,7 @@ from collections import Counter
 
 from pyiceberg.types import StringType
 
-import compaction_assets.engine as engine_module
+import compaction_assets.engine.run as engine_module
 from compaction_assets.commit.ledger import Status
 from compaction_assets.config import load_config
 from compaction_assets.engine import Engine

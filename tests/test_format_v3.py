@@ -201,7 +201,7 @@ def test_a_failure_after_attempts_began_abandons_them(lake, monkeypatch):
     def unserialisable(table):
         raise NotImplementedError("cannot serialise this metadata")
 
-    monkeypatch.setattr("compaction_assets.engine._slim_metadata_json", unserialisable)
+    monkeypatch.setattr("compaction_assets.execution.job.slim_metadata_json", unserialisable)
     with pytest.raises(NotImplementedError):
         engine._begin(
             load_table(engine.catalog, "ns.t"), "ns.t", tplan, files, tplan.to_compact, (None, len(tplan.to_compact))

@@ -28,7 +28,8 @@ from compaction_assets.commit.consistency import RECOVER_HINT, ConsistencyReport
 from compaction_assets.config import TableRule
 from compaction_assets.defs.naming import CHECK_NAME, partitions_name, pool_name, table_key
 from compaction_assets.defs.resources import CompactionResource
-from compaction_assets.engine import Engine, PartitionOutcome
+from compaction_assets.engine.facade import Engine
+from compaction_assets.engine.outcomes import PartitionOutcome
 from compaction_assets.lake.catalog import load_table
 from compaction_assets.planning.policy import Policy
 from compaction_assets.redact import redact

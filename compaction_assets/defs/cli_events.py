@@ -20,7 +20,8 @@ from compaction_assets.commit.recovery import RecoveryReport
 from compaction_assets.defs.assets import outcome_materialization
 from compaction_assets.defs.gc_assets import MAINTENANCE_PARTITIONS, gc_metadata, manifests_metadata
 from compaction_assets.defs.naming import MAINTENANCE_KEY, partitions_name
-from compaction_assets.engine import Engine, PartitionOutcome
+from compaction_assets.engine.facade import Engine
+from compaction_assets.engine.outcomes import PartitionOutcome
 from compaction_assets.lake.catalog import load_table
 from compaction_assets.maintenance.gc import GcReport
 

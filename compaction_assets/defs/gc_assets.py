@@ -31,7 +31,7 @@ from dagster import (
 from compaction_assets.commit.manifest_rewrite import ManifestRewriteReport
 from compaction_assets.defs.naming import MAINTENANCE_KEY, MAINTENANCE_TAG, RANGE_END_TAG, RANGE_START_TAG
 from compaction_assets.defs.resources import CompactionResource
-from compaction_assets.engine import Engine
+from compaction_assets.engine.facade import Engine
 from compaction_assets.maintenance.gc import GcReport
 from compaction_assets.planning.planner import Kind
 from compaction_assets.redact import redact

@@ -5,7 +5,7 @@ from dagster_pyspark import LazyPySparkResource
 from pydantic import PrivateAttr
 
 from compaction_assets.config import CompactionConfig, load_config
-from compaction_assets.engine import Engine
+from compaction_assets.engine.facade import Engine
 from compaction_assets.errors import CompactionError
 from compaction_assets.execution.spark import (
     bounded_retries,

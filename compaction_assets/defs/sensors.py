@@ -47,7 +47,8 @@ from compaction_assets.defs.naming import (
     table_key,
 )
 from compaction_assets.defs.resources import CompactionResource
-from compaction_assets.engine import Engine, TablePlan
+from compaction_assets.engine.facade import Engine
+from compaction_assets.engine.table_plan import TablePlan
 from compaction_assets.errors import CompactionError
 from compaction_assets.execution.spark import require_server
 from compaction_assets.lake.catalog import load_table, managed_tables, metadata_locations

@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog
 from pyiceberg.typedef import Record
 
-from compaction_assets.engine import Engine
+from compaction_assets.engine.facade import Engine
 from compaction_assets.lake.delete_files import commit_delete_files, equality_delete_file, position_delete_file
 from compaction_assets.lake.digest import RowsDigest
 from compaction_assets.lake.files import live_files

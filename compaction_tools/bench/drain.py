@@ -27,7 +27,7 @@ from compaction_assets.config import load_config
 from compaction_assets.defs.build import build_definitions, table_job
 from compaction_assets.defs.naming import TABLE_TAG
 from compaction_assets.defs.resources import CompactionResource
-from compaction_assets.engine import Engine
+from compaction_assets.engine.facade import Engine
 from compaction_assets.execution.spark import spark_session
 from compaction_assets.lake.appends import append_fragments
 from compaction_assets.lake.digest import rows_digest

@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 from pyiceberg.transforms import IdentityTransform
 
 from compaction_assets.config import load_config
-from compaction_assets.engine import Engine
+from compaction_assets.engine.facade import Engine
 from compaction_assets.execution.spark import spark_session
 from compaction_assets.lake.digest import RowsDigest
 from compaction_tools.bench import contenders, datasets, footprint

@@ -84,7 +84,7 @@ def _serve(config_path: str, warmup_table: str | None, conn: Connection) -> None
     # only what a run host imports: the bench's modules (data generation, digests, delta-rs) would
     # count in ours' footprint
     from compaction_assets.config import load_config
-    from compaction_assets.engine import Engine
+    from compaction_assets.engine.facade import Engine
     from compaction_assets.execution.spark import spark_session
 
     try:

@@ -210,7 +210,7 @@ def _catalog_config(root: Path):  # noqa: ANN202
 
 def _plan_child(root: Path, repeats: int) -> dict:
     from compaction_assets.config import load_config
-    from compaction_assets.engine import Engine
+    from compaction_assets.engine.facade import Engine
 
     engine = Engine(load_config(root / "compaction.yaml"))
     seconds, cpu, plans = [], [], None

@@ -23,7 +23,8 @@ import yaml
 from pyiceberg.table import Table
 
 from compaction_assets.config import load_config
-from compaction_assets.engine import Engine, describe_phases
+from compaction_assets.engine.facade import Engine
+from compaction_assets.engine.outcomes import describe_phases
 from compaction_assets.execution.spark import spark_session
 from compaction_tools.bench import (
     cdc,

@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from compaction_assets.config import load_config
-from compaction_assets.engine import Engine
+from compaction_assets.engine.facade import Engine
 from compaction_assets.lake.digest import RowsDigest, batches_digest
 from compaction_tools.bench import contenders, datasets
 from compaction_tools.bench.datasets import CODEC, Dataset
