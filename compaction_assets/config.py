@@ -130,6 +130,12 @@ class CompactionConfig(_Strict):
         """The first `tables:` rule whose pattern matches "namespace.table", or None (unmanaged)."""
         return next((r for r in self.tables if fnmatch.fnmatchcase(table_name, r.match)), None)
 
+    def managed_rule(self, table_name: str) -> TableRule:
+        """The rule of a table listed as managed (one a rule matches); ConfigError if none does."""
+        if (rule := self.rule_for(table_name)) is None:
+            raise ConfigError(f"{self.source}: {table_name}: no `tables:` rule matches it")
+        return rule
+
     def queue(self, name: str) -> QueueConfig:
         return next(q for q in self.queues if q.name == name)
 
@@ -194,7 +200,8 @@ def cross_section_problems(raw: dict[str, Any]) -> list[str]:
     """Mistakes across sections (an undeclared or duplicate queue, a heartbeat too slow for its
     timeout), read from the raw mapping: reported with the field errors, not in a second pass."""
     problems = []
-    state = raw.get("state") if isinstance(raw.get("state"), dict) else {}
+    raw_state = raw.get("state")
+    state: dict[str, Any] = raw_state if isinstance(raw_state, dict) else {}
     fields = StateConfig.model_fields
     beat = state.get("heartbeat_seconds", fields["heartbeat_seconds"].default)
     timeout = state.get("executing_timeout_seconds", fields["executing_timeout_seconds"].default)

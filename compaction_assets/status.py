@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from typing import TypedDict
 
 from compaction_assets.commit.ledger import OPEN, Status
 from compaction_assets.config import SparkConfig
@@ -29,6 +30,16 @@ class TableStatus:
     error: str | None = None
 
 
+class _TableFacts(TypedDict):
+    """The TableStatus fields known without planning the table."""
+
+    table: str
+    queue: str
+    priority: int
+    open_tasks: int
+    last_compaction: str | None
+
+
 @dataclass(frozen=True)
 class QueueStatus:
     queue: str
@@ -42,10 +53,10 @@ def table_statuses(engine: Engine) -> list[TableStatus]:
     attempts = engine.ledger.attempts()
     statuses = []
     for name in managed_tables(engine.catalog, engine.config):
-        rule = engine.config.rule_for(name)
+        rule = engine.config.managed_rule(name)
         mine = [a for a in attempts if a.table_name == name]
         committed = [a.finished_at for a in mine if a.status == Status.COMMITTED and a.finished_at]
-        base = {
+        base: _TableFacts = {
             "table": name,
             "queue": rule.queue,
             "priority": rule.priority,
@@ -55,7 +66,7 @@ def table_statuses(engine: Engine) -> list[TableStatus]:
         try:
             plan = engine.plan_for(load_table(engine.catalog, name), name)
         except CompactionError as exc:
-            zero = dict.fromkeys(("partitions", "data_files", "fragments", "small_files", "avg_file_bytes"), 0)
+            zero = {"partitions": 0, "data_files": 0, "fragments": 0, "small_files": 0, "avg_file_bytes": 0}
             statuses.append(TableStatus(**base, **zero, paused=False, partitions_to_compact=0, error=str(exc)))
             continue
         stats = [p.stats for p in plan.partitions]

@@ -60,13 +60,13 @@ def check_partitions(
         report.problems.extend(_attempt_problems(table, attempt, live))
     cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=executing_timeout_seconds)
     for attempt in ledger.attempts(table_name=table_name, statuses=[Status.PREPARED, Status.EXECUTING]):
-        report = reports.get(attempt.partition_key)
-        if report is None or attempt.task_id == tasks[attempt.partition_key]:
+        found = reports.get(attempt.partition_key)
+        if found is None or attempt.task_id == tasks[attempt.partition_key]:
             continue
         if attempt.status == Status.PREPARED:
-            report.problems.append(f"attempt {attempt.attempt_id} of task {attempt.task_id} is left PREPARED")
+            found.problems.append(f"attempt {attempt.attempt_id} of task {attempt.task_id} is left PREPARED")
         elif why := orphaned_because(attempt, cutoff):
-            report.problems.append(f"attempt {attempt.attempt_id} is left EXECUTING: {why}")
+            found.problems.append(f"attempt {attempt.attempt_id} is left EXECUTING: {why}")
     return reports
 
 

@@ -21,15 +21,17 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import (
     JSON,
     BigInteger,
+    CursorResult,
     DateTime,
     Engine,
     Integer,
     String,
+    Table,
     Text,
     create_engine,
     event,
@@ -445,13 +447,17 @@ class Ledger:
         now = _now()
         finished = {"finished_at": now} if new not in OPEN else {}
         with Session(self._engine) as session, session.begin():
-            result = session.execute(
-                update(AttemptRow)
-                .where(AttemptRow.attempt_id == attempt_id, AttemptRow.status.in_([str(s) for s in expected]))
-                .values(status=str(new), updated_at=now, **finished, **values)
+            # an UPDATE's result is a CursorResult (it has rowcount); Session.execute is typed Result
+            result = cast(
+                "CursorResult[Any]",
+                session.execute(
+                    update(AttemptRow)
+                    .where(AttemptRow.attempt_id == attempt_id, AttemptRow.status.in_([str(s) for s in expected]))
+                    .values(status=str(new), updated_at=now, **finished, **values)
+                ),
             )
             row = session.get(AttemptRow, attempt_id)
-            if result.rowcount != 1:
+            if result.rowcount != 1 or row is None:  # the row updated exists: rowcount 1 means found
                 raise StaleAttempt(attempt_id, expected, row.status if row else None)
             session.refresh(row)
             return Attempt._from_row(row)
@@ -477,7 +483,7 @@ def _holder(session: Session, table_name: str, partition_key: str) -> Attempt | 
 def _migrate(engine: Engine) -> None:
     """Bring a ledger created by an older version up to this one's columns (see the module doc).
     Safe when several processes open it at once: a column another one just added is skipped."""
-    table = AttemptRow.__table__
+    table = cast(Table, AttemptRow.__table__)  # a declarative class's table; typed as a FromClause
     existing = {c["name"]: c for c in inspect(engine).get_columns(table.name)}
     for column in table.columns:
         if column.name in existing:
@@ -489,7 +495,8 @@ def _migrate(engine: Engine) -> None:
         except DatabaseError:
             if column.name not in {c["name"] for c in inspect(engine).get_columns(table.name)}:
                 raise
-    length = getattr(existing.get("kind", {}).get("type"), "length", None)
+    kind = existing.get("kind")
+    length = getattr(kind.get("type"), "length", None) if kind is not None else None
     if engine.dialect.name == "postgresql" and length is not None and length < KIND_LENGTH:
         with engine.begin() as connection:
             connection.execute(text(f"ALTER TABLE {table.name} ALTER COLUMN kind TYPE VARCHAR({KIND_LENGTH})"))

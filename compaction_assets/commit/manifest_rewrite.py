@@ -45,7 +45,9 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
+from pyiceberg.avro.codecs import AvroCompressionCodec
 from pyiceberg.exceptions import CommitFailedException, ValidationException
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import ManifestContent, ManifestEntry, ManifestEntryStatus, ManifestFile, ManifestWriterV2
@@ -306,8 +308,10 @@ def write_outputs(table: Table, outputs: Sequence[_Output], snapshot_id: int, pr
     """Write each output, EXISTING, as `<prefix>-m<n>.avro` in the metadata folder."""
     metadata = table.metadata
     provider = table.location_provider()
-    compression = metadata.properties.get(
-        TableProperties.WRITE_AVRO_COMPRESSION, TableProperties.WRITE_AVRO_COMPRESSION_DEFAULT
+    # a codec name, as pyiceberg's own producers read it (its Avro writer refuses an unknown one)
+    compression = cast(
+        AvroCompressionCodec,
+        metadata.properties.get(TableProperties.WRITE_AVRO_COMPRESSION, TableProperties.WRITE_AVRO_COMPRESSION_DEFAULT),
     )
     written: list[ManifestFile] = []
     for n, out in enumerate(outputs):

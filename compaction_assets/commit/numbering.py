@@ -32,7 +32,8 @@ class _AssertNumbering(AssertRefSnapshotId):
 
     _expected: tuple[int, int, int | None] = PrivateAttr(default=(0, 0, None))
 
-    def validate(self, base_metadata: TableMetadata | None) -> None:
+    # pyiceberg's requirement hook (its signature); it shadows pydantic's deprecated BaseModel.validate
+    def validate(self, base_metadata: TableMetadata | None) -> None:  # type: ignore[override]
         super().validate(base_metadata)
         assert base_metadata is not None  # super() raised otherwise
         found = _numbering(base_metadata)

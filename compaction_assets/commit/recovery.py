@@ -34,6 +34,7 @@ import os
 import socket
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from functools import partial
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
@@ -150,7 +151,7 @@ def recover(
     for attempts in by_table.values():
         _recover_table(catalog, ledger, attempts, report)
     for attempt, why in orphaned(Status.EXECUTING):
-        _isolated(ledger, attempt, report, lambda a=attempt, w=why: _abandon(catalog, ledger, a, w, report))
+        _isolated(ledger, attempt, report, partial(_abandon, catalog, ledger, attempt, why, report))
     return report
 
 
@@ -165,9 +166,13 @@ def _recover_table(catalog: Catalog, ledger: Ledger, attempts: list[Attempt], re
 
     recommit: list[Attempt] = []
     for attempt in attempts:
-        _isolated(ledger, attempt, report, lambda a=attempt: _recover_prepared(table, ledger, a, report, recommit))
+        _isolated(ledger, attempt, report, partial(_recover_prepared, table, ledger, attempt, report, recommit))
+    if not recommit:
+        return
+    if (loaded_table := table()) is None:  # never: _recover_prepared recommits only once the table loaded
+        raise RuntimeError(f"{attempts[0].table_name}: attempts to recommit but the table did not load")
     for batch in _batches(recommit):
-        _recommit(table(), ledger, batch, report)
+        _recommit(loaded_table, ledger, batch, report)
 
 
 def _batches(attempts: list[Attempt]) -> list[list[Attempt]]:
@@ -200,7 +205,7 @@ def _recommit(table: Table, ledger: Ledger, batch: list[Attempt], report: Recove
     for attempt in batch:
         result = results.get(attempt.attempt_id)
         if result is None:
-            _isolated(ledger, attempt, report, lambda a=attempt: _recommit_alone(table, ledger, a, report))
+            _isolated(ledger, attempt, report, partial(_recommit_alone, table, ledger, attempt, report))
         elif isinstance(result, BackOff):
             report.rolled_back.append(attempt.attempt_id)
         elif not isinstance(result, StaleAttempt):  # stale: another recovery or its process ended it

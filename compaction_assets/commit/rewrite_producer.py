@@ -32,6 +32,7 @@ from pyiceberg.manifest import (
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import TableProperties, Transaction
+from pyiceberg.table.metadata import TableMetadataV3
 from pyiceberg.table.refs import SnapshotRefType
 from pyiceberg.table.snapshots import (
     Operation,
@@ -46,7 +47,7 @@ from pyiceberg.table.update import (
 )
 from pyiceberg.typedef import EMPTY_DICT, KeyDefaultDict, Record
 from pyiceberg.utils.concurrent import ExecutorFactory
-from pyiceberg.utils.properties import property_as_bool, property_as_int
+from pyiceberg.utils.properties import property_as_bool
 
 from compaction_assets.commit.conflicts import (
     Sequenced,
@@ -81,6 +82,7 @@ from compaction_assets.lake.manifest_io import (
     with_first_row_ids,
     write_restated,
 )
+from compaction_assets.lake.properties import int_property
 
 _UNREAD = ManifestContents((), None, ())
 
@@ -255,6 +257,11 @@ class RewriteFiles(OverwriteProducer):
         self._lineage = metadata.format_version >= MIN_LINEAGE_VERSION  # each try: another engine may upgrade
         if not self._lineage:
             return numbered(super().snapshot_updates(), metadata)
+        if not isinstance(metadata, TableMetadataV3):  # what pyiceberg parses format version 3 into
+            raise ValidationException(
+                f"format-version {metadata.format_version} table metadata read as {type(metadata).__name__}: "
+                "cannot assign row ids"
+            )
         if metadata.next_row_id is None:
             raise ValidationException("format-version 3 table without next-row-id: cannot assign row ids")
         manifests = self.manifests()
@@ -284,7 +291,9 @@ class RewriteFiles(OverwriteProducer):
         branch = self.target_branch
         if branch is None:
             return (AddSnapshotUpdate(snapshot=snapshot),), ()
-        ref = SetSnapshotRefUpdate(
+        # by field name, as pyiceberg's producer builds it: the pydantic plugin takes the fields
+        # defaulted inside Annotated[...] (max_ref_age_ms, ...) for required ones
+        ref = SetSnapshotRefUpdate(  # type: ignore[call-arg]
             snapshot_id=self.snapshot_id,
             parent_snapshot_id=parent_id,
             ref_name=branch,
@@ -498,10 +507,10 @@ class RewriteFiles(OverwriteProducer):
         deletes = [m for m in manifests if m.content == ManifestContent.DELETES]
         merged = self.merge_manifests(
             data,
-            target_size_bytes=property_as_int(
+            target_size_bytes=int_property(
                 props, TableProperties.MANIFEST_TARGET_SIZE_BYTES, TableProperties.MANIFEST_TARGET_SIZE_BYTES_DEFAULT
             ),
-            min_count_to_merge=property_as_int(
+            min_count_to_merge=int_property(
                 props, TableProperties.MANIFEST_MIN_MERGE_COUNT, TableProperties.MANIFEST_MIN_MERGE_COUNT_DEFAULT
             ),
         )
@@ -511,13 +520,13 @@ class RewriteFiles(OverwriteProducer):
 def _value_predicate(name: str, value: Any) -> BooleanExpression:
     """A predicate a manifest holding this partition value passes (it may pass others: it only prunes)."""
     if value is None:
-        return IsNull(Reference(name))
+        return IsNull(term=Reference(name))
     if isinstance(value, float) and math.isnan(value):
-        return IsNaN(Reference(name))
+        return IsNaN(term=Reference(name))
     if isinstance(value, float) and math.isinf(value):
         # pyiceberg binds EqualTo(±inf) on a float (32-bit) field as beyond the type's range: AlwaysFalse
         return AlwaysTrue()
-    return EqualTo(Reference(name), value)
+    return EqualTo(term=Reference(name), value=value)
 
 
 def restated(entry: ManifestEntry, status: ManifestEntryStatus, snapshot_id: int | None) -> ManifestEntry:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 
 from pyiceberg.exceptions import CommitFailedException, ValidationException
 from pyiceberg.io import FileIO
@@ -156,22 +157,30 @@ def commit_together(
     for attempt_no in range(MAX_COMMIT_TRIES):
         table.refresh()
         for attempt in [a for a in pending if commit_snapshot(table, a) is not None]:
-            settle(attempt, lambda a=attempt: confirm_committed(table, ledger, a, peers=peers))
+            settle(attempt, partial(confirm_committed, table, ledger, attempt, peers=peers))
         if refused := refusal(table):  # another engine changed the table into one we do not commit to
             for attempt in list(pending):
-                settle(attempt, lambda a=attempt, r=refused: roll_back(table, ledger, a, r))
+                settle(attempt, partial(roll_back, table, ledger, attempt, refused))
             return
         live = {f.path: f for f in live_files(table)}
         head = table.current_snapshot()
         head_id = head.snapshot_id if head else None
-        history = KeyDefaultDict(lambda base, head_id=head_id: base_history(table.metadata, base, head_id))
-        added_since = KeyDefaultDict(
-            lambda base, history=history: deletes_added_since(table.metadata, table.io, base, history[base])
-        )
+
+        def history_of(base: int | None, head_id: int | None = head_id) -> list[Snapshot]:
+            return base_history(table.metadata, base, head_id)
+
+        history: KeyDefaultDict[int | None, list[Snapshot]] = KeyDefaultDict(history_of)
+
+        def added_since_base(
+            base: int | None, history: Mapping[int | None, list[Snapshot]] = history
+        ) -> list[DataFile]:
+            return deletes_added_since(table.metadata, table.io, base, history[base])
+
+        added_since: KeyDefaultDict[int | None, list[DataFile]] = KeyDefaultDict(added_since_base)
         global_specs = global_spec_ids(table.metadata.specs().values())
         for attempt in list(pending):
             if reason := conflict(attempt, live, history, added_since, global_specs, table.format_version):
-                settle(attempt, lambda a=attempt, r=reason: roll_back(table, ledger, a, r))
+                settle(attempt, partial(roll_back, table, ledger, attempt, reason))
         if not pending:
             return
         try:
@@ -182,15 +191,15 @@ def commit_together(
             continue
         crash_point("after_iceberg_commit")
         for attempt in list(pending):
-            settle(attempt, lambda a=attempt: confirm_committed(table, ledger, a, peers=peers))
+            settle(attempt, partial(confirm_committed, table, ledger, attempt, peers=peers))
         return
     table.refresh()
     for attempt in list(pending):
         if commit_snapshot(table, attempt) is not None:
-            settle(attempt, lambda a=attempt: confirm_committed(table, ledger, a, peers=peers))
+            settle(attempt, partial(confirm_committed, table, ledger, attempt, peers=peers))
         else:
             reason = f"commit gave way {MAX_COMMIT_TRIES} times; last: {last_error}"
-            settle(attempt, lambda a=attempt, r=reason: roll_back(table, ledger, a, r))
+            settle(attempt, partial(roll_back, table, ledger, attempt, reason))
 
 
 def _commit_once(table: Table, attempts: Sequence[Attempt], live: dict[str, DataFile]) -> None:
@@ -259,9 +268,10 @@ def confirm_committed(
     try:
         committed = ledger.mark_committed(attempt.attempt_id, snapshot_id, removed)
     except StaleAttempt:
-        committed = ledger.get(attempt.attempt_id)
-        if committed is None or committed.status != Status.COMMITTED:
+        current = ledger.get(attempt.attempt_id)
+        if current is None or current.status != Status.COMMITTED:
             raise
+        committed = current
     sweep_untracked(table, ledger, attempt, keep={d["file_path"] for d in attempt.result_files})
     return committed
 

@@ -171,7 +171,10 @@ def _consistency(
         merged.problems = [p for r in reports.values() for p in r.problems]
         reports = {"": merged}
     for partition, report in reports.items():
-        metadata = {"attempts_checked": report.attempts_checked, "partition": partition or "(unpartitioned)"}
+        metadata: dict[str, int | str | MetadataValue] = {
+            "attempts_checked": report.attempts_checked,
+            "partition": partition or "(unpartitioned)",
+        }
         if not report.passed:
             metadata |= {
                 "problems": MetadataValue.md("\n".join(f"- {p}" for p in report.problems)),

@@ -46,7 +46,7 @@ def build_definitions(config: CompactionConfig, only: Collection[str] | None = N
     specs_by_op: dict[tuple[str, str], dict[str, AssetSpec]] = {}
     upstream: set[AssetKey] = set()
     for name, found in details.items():
-        rule = config.rule_for(name)
+        rule = config.managed_rule(name)
         try:
             policy = resolve_policy(name, rule.policy, found.properties)
         except ConfigError:

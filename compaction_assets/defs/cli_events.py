@@ -18,7 +18,7 @@ from compaction_assets.commit.ledger import Status
 from compaction_assets.commit.manifest_rewrite import ManifestRewriteReport
 from compaction_assets.commit.recovery import RecoveryReport
 from compaction_assets.defs.assets import outcome_materialization
-from compaction_assets.defs.gc_assets import MAINTENANCE_PARTITIONS, gc_metadata, manifests_metadata
+from compaction_assets.defs.gc_assets import MAINTENANCE_PARTITIONS_NAME, gc_metadata, manifests_metadata
 from compaction_assets.defs.naming import MAINTENANCE_KEY, partitions_name
 from compaction_assets.engine.facade import Engine
 from compaction_assets.engine.outcomes import PartitionOutcome
@@ -77,7 +77,7 @@ def report_maintenance(home: Path, reports: Iterable[ManifestRewriteReport | GcR
         if not (r.status == "dry_run" if isinstance(r, ManifestRewriteReport) else r.dry_run)
     ]
     with DagsterInstance.from_config(str(home)) as instance:
-        _ensure_partitions(instance, MAINTENANCE_PARTITIONS.name, [str(e.partition) for e in events])
+        _ensure_partitions(instance, MAINTENANCE_PARTITIONS_NAME, [str(e.partition) for e in events])
         for event in events:
             instance.report_runless_asset_event(event)
     return len(events)

@@ -37,14 +37,15 @@ from compaction_assets.planning.planner import Kind
 from compaction_assets.redact import redact
 
 GC_JOB = "gc_all_tables"
-MAINTENANCE_PARTITIONS = DynamicPartitionsDefinition(name="maintenance_tables")
+MAINTENANCE_PARTITIONS_NAME = "maintenance_tables"  # a str for Dagster calls (the definition's `.name` is Optional)
+MAINTENANCE_PARTITIONS = DynamicPartitionsDefinition(name=MAINTENANCE_PARTITIONS_NAME)
 
 
 def maintenance_partition_request(instance_partitions: Collection[str], table_name: str) -> list:
     """What makes the table a partition of the maintenance asset, if it is not yet one."""
     if table_name in instance_partitions:
         return []
-    return [AddDynamicPartitionsRequest(partitions_def_name=MAINTENANCE_PARTITIONS.name, partition_keys=[table_name])]
+    return [AddDynamicPartitionsRequest(partitions_def_name=MAINTENANCE_PARTITIONS_NAME, partition_keys=[table_name])]
 
 
 @asset(
@@ -135,7 +136,7 @@ def gc_schedule(table_names: Collection[str] | None) -> ScheduleDefinition:
 
     @schedule(job=job, cron_schedule="0 3 * * *", default_status=DefaultScheduleStatus.RUNNING, name="gc_daily")
     def _gc_daily(context: ScheduleEvaluationContext) -> RunRequest | SkipReason:
-        name = MAINTENANCE_PARTITIONS.name
+        name = MAINTENANCE_PARTITIONS_NAME
         existing = list(context.instance.get_dynamic_partitions(name))
         if table_names is not None:
             wanted = set(table_names)

@@ -31,7 +31,7 @@ from dagster import (
 )
 
 from compaction_assets.config import CompactionConfig, TableRule
-from compaction_assets.defs.gc_assets import MAINTENANCE_KEY, MAINTENANCE_PARTITIONS, maintenance_partition_request
+from compaction_assets.defs.gc_assets import MAINTENANCE_KEY, MAINTENANCE_PARTITIONS_NAME, maintenance_partition_request
 from compaction_assets.defs.naming import (
     LOCATION_NAME,
     MAINTENANCE_TAG,
@@ -197,7 +197,7 @@ def _maintenance_partitions(instance: DagsterInstance, batches: Sequence[Batch])
     """Requests adding the maintenance asset's partition of each table a manifest rewrite is requested for."""
     if not (rewrites := [b.table_name for b in batches if b.members[0].partition_key == MANIFESTS_KEY]):
         return []
-    maintained = set(instance.get_dynamic_partitions(MAINTENANCE_PARTITIONS.name))
+    maintained = set(instance.get_dynamic_partitions(MAINTENANCE_PARTITIONS_NAME))
     return [r for name in rewrites for r in maintenance_partition_request(maintained, name)]
 
 
@@ -225,8 +225,9 @@ def _observe(
     """Look at one managed table as far as the tick needs: not at all, its metadata location, the
     loaded table, or its plan."""
     look = tick.look(name, rule, present, locations)
-    if look is Look.NO_RULE:
+    if look is Look.NO_RULE or rule is None:  # the same: no rule is Look.NO_RULE
         context.log.info(f"{name}: no longer matches a `tables:` rule; skipped")
+        return
     if look is Look.REPLAY:
         tick.replay(name, rule, tick.cursor.snapshots.get(name))
     if look is not Look.LOAD:
@@ -264,8 +265,8 @@ def _record_plan(
 ) -> None:
     """A planned table: its partitions synced and observed, its candidates to the tick."""
     name = tplan.table_name
-    manifests_due = tplan.rewrite_manifests_due and tplan.manifests is not None
-    _log_plan(context.log, tplan, manifests_due)
+    due_manifests = tplan.manifests if tplan.rewrite_manifests_due else None
+    _log_plan(context.log, tplan, due_manifests is not None)
     if partitioned:
         held = {k for t, k in in_flight if t == name}
         requests, seen.orders[name] = _partition_sync(
@@ -284,7 +285,7 @@ def _record_plan(
     benefits = candidate_benefits(
         partitioned,
         ((p.partition_key, p.benefit) for p in tplan.to_compact),
-        tplan.manifests.benefit if manifests_due else None,
+        due_manifests.benefit if due_manifests is not None else None,
     )
     expiring = isinstance(tplan.expire, ExpireRule)
     planned = PlannedTable(name, tplan.snapshot_id, metadata_location, benefits, tplan.replan_at_ms, expiring)

@@ -525,7 +525,10 @@ def _row_hashes(table: pa.Table) -> np.ndarray:
     """A 64-bit hash of each row (Polars; NULL hashes as itself); equal rows of equal types hash equal."""
     import polars as pl
 
-    return pl.from_arrow(table).hash_rows(seed=HASH_SEED).to_numpy()
+    frame = pl.from_arrow(table)
+    if not isinstance(frame, pl.DataFrame):  # an Arrow table converts to a DataFrame, never a Series
+        raise TypeError(f"expected a Polars DataFrame from an Arrow table, got {type(frame).__name__}")
+    return frame.hash_rows(seed=HASH_SEED).to_numpy()
 
 
 def _null_safe_equal(left: pa.Array, right: pa.ChunkedArray | pa.Array) -> np.ndarray:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,22 +76,22 @@ class _Run:
         self.path = path
         self.bytes = 0
         self.rows = 0
-        self._sink: pa.NativeFile | None = None
-        self._writer: pa.ipc.RecordBatchStreamWriter | None = None
+        self._open: tuple[pa.NativeFile, pa.ipc.RecordBatchStreamWriter] | None = None  # sink, writer
 
     def write(self, batch: pa.RecordBatch) -> None:
-        if self._writer is None:
-            self._sink = pa.OSFile(str(self.path), "wb")
-            self._writer = pa.ipc.new_stream(self._sink, batch.schema)
-        self._writer.write_batch(batch)
+        if self._open is None:
+            sink = pa.OSFile(str(self.path), "wb")
+            self._open = sink, pa.ipc.new_stream(sink, batch.schema)
+        self._open[1].write_batch(batch)
         self.bytes += batch.nbytes
         self.rows += batch.num_rows
 
     def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._sink.close()
-            self._writer = self._sink = None
+        if self._open is not None:
+            sink, writer = self._open
+            writer.close()
+            sink.close()
+            self._open = None
 
     def batches(self) -> Iterator[pa.RecordBatch]:
         self.close()
@@ -122,7 +122,7 @@ class ExternalSort:
         self._rng = np.random.default_rng(0)
         self._keys = ((Z_COLUMN, "ascending"),) if spec.zorder else spec.keys
 
-    def sorted(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def sorted(self, batches: Iterable[pa.RecordBatch]) -> Generator[pa.RecordBatch, None, None]:
         """The rows of `batches` in order (a generator: close it to stop early)."""
         source = _one_schema(batches)
         held: list[pa.RecordBatch] = []
@@ -165,6 +165,8 @@ class ExternalSort:
     # ------------------------------------------------------------------ spilled
 
     def _new_run(self) -> _Run:
+        if self._folder is None:
+            raise RuntimeError("a spill run outside a spilled sort (no spill folder)")
         self.spill_files += 1
         return _Run(self._folder / f"run-{self.spill_files:06d}.arrows")
 
@@ -210,7 +212,7 @@ class ExternalSort:
         picked: list[pa.Array] = []
         share = min(1.0, SAMPLE_ROWS / max(run.rows, 1))
         low = high = None
-        kinds = set()
+        kinds: set[str] = set()
         for batch in run.batches():
             column = _comparable((transform(batch) if transform else batch).column(name))
             nan = ordinal.is_nan(column)
@@ -291,7 +293,9 @@ class Splitters:
         """Splitters for about `ranges` ranges: the sample's quantiles over its rows, its values
         that fill a range's share of it (at most `ranges` of them: heavy), the run's ends."""
         ordered = sample.take(pc.sort_indices(sample))
-        at = np.arange(1, ranges, dtype=np.int64) * len(ordered) // ranges if len(ordered) else []
+        at: np.ndarray | list[int] = (
+            np.arange(1, ranges, dtype=np.int64) * len(ordered) // ranges if len(ordered) else []
+        )
         counts = pc.value_counts(ordered)
         share = max(2, len(ordered) // ranges)
         heavy = counts.field("values").filter(pc.greater_equal(counts.field("counts"), share))

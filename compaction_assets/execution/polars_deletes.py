@@ -69,19 +69,21 @@ def deleted_positions(
         read = _key_columns(storage, sources, [by_name[name]], target, [name], footer_bytes, (keys, nulls))
     elif names:
         read = _key_columns(storage, sources, [by_name[n] for n in names], target, names, footer_bytes)
+    elif storage.io is None:
+        raise ValueError("Polars storage without a FileIO cannot read the sources' footers")
     else:
         read = ((None, rows) for rows in _row_counts(storage.io, sources))
     positions = []
-    for source, keys, (batch, rows) in zip(sources, wanted, read, strict=True):
+    for source, source_keys, (batch, rows) in zip(sources, wanted, read, strict=True):
         if rows != source.records:
             raise ValueError(f"{source.path} has {rows} rows but its manifest entry says {source.records}")
         if not (source.deletes and rows):
             mask = None
         elif uniform is None:
-            mask = deletes.deleted(source, 0, rows, batch if keys else None)
+            mask = deletes.deleted(source, 0, rows, batch if source_keys else None)
         else:
             mask = deletes.deleted_by_position(source, 0, rows)
-            if keys:
+            if source_keys:
                 mask = batch if mask is None else mask | batch
         positions.append(_NONE if mask is None else np.flatnonzero(mask).astype(np.int64))
     deletes.rows_deleted += sum(len(p) for p in positions)
@@ -145,6 +147,7 @@ def _key_columns(
             previous = size
             if read.estimated_size():
                 ratio = max(ratio or 0.0, read.estimated_size() / max(size, 1))
+        batch: pa.RecordBatch | np.ndarray  # a bool per row with `member`, else the key columns
         if member is not None:
             batch = read.get_column(names[0]).to_numpy()
         else:
@@ -162,7 +165,8 @@ def _key_columns(
         offset = 0
         for path in paths:
             count = counts.get(path, 0)
-            yield (batch[offset : offset + count] if member is not None else batch.slice(offset, count)), count
+            piece = batch.slice(offset, count) if isinstance(batch, pa.RecordBatch) else batch[offset : offset + count]
+            yield piece, count
             offset += count
         start = end
 

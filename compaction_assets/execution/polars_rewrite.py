@@ -58,6 +58,7 @@ from compaction_assets.execution.polars_storage import (
     storage_for,
 )
 from compaction_assets.faults import crash_point
+from compaction_assets.lake.properties import int_property
 from compaction_assets.redact import redact
 
 log = logging.getLogger(__name__)
@@ -293,7 +294,7 @@ def _chunk_positions(chunk: list, deleted: dict[str, np.ndarray]) -> np.ndarray 
 
 def row_group_rows(properties: dict[str, str], row_bytes: float) -> int:
     """Rows per output row group: about ROW_GROUP_BYTES decoded, within [MIN_ROW_GROUP_ROWS, the table's limit]."""
-    limit = property_as_int(
+    limit = int_property(
         properties, TableProperties.PARQUET_ROW_GROUP_LIMIT, TableProperties.PARQUET_ROW_GROUP_LIMIT_DEFAULT
     )
     return max(1, min(limit, max(MIN_ROW_GROUP_ROWS, int(ROW_GROUP_BYTES / max(row_bytes, 1.0)))))

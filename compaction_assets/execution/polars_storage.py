@@ -63,7 +63,9 @@ class PolarsStorage:
     def path(self, location: str) -> str:
         """`location` as Polars opens it (s3:// for s3a:// and s3n://, which it lacks; keys taken literally)."""
         if self.local:
-            return local_path(self.io.properties if self.io is not None else {}, location)
+            if (path := local_path(self.io.properties if self.io is not None else {}, location)) is None:
+                raise ValueError(f"not a local file, for Polars' local storage: {location}")
+            return path
         return "s3://" + location.split("://", 1)[1]
 
     def register_secrets(self) -> None:

@@ -31,8 +31,9 @@ deletes are applied.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -103,8 +104,9 @@ class SourceReader:
         self.bulk_paths: list[str] = []
         self.projected_paths: list[str] = []
 
-    def batches(self) -> Iterator[pa.RecordBatch]:
-        located = [self._locate(s.path) for s in self._sources] if isinstance(self._io, PyArrowFileIO) else []
+    def batches(self) -> Generator[pa.RecordBatch, None, None]:
+        io = self._io
+        located = [_locate(io, s.path) for s in self._sources] if isinstance(io, PyArrowFileIO) else []
         if not located or any(fs is not located[0][1] for _, fs in located):
             yield from self._project_all(self._sources, remote=not all(_is_local(s.path) for s in self._sources))
             return
@@ -159,10 +161,6 @@ class SourceReader:
                 self.bulk_paths.append(source.path)
         return runs, projected
 
-    def _locate(self, path: str) -> tuple[str, pa.fs.FileSystem]:
-        scheme, netloc, local = PyArrowFileIO.parse_location(path, self._io.properties)
-        return local, self._io.fs_by_scheme(scheme, netloc)
-
     def target_for(self, physical: pa.Schema, key: str | None = None) -> pa.Schema | None:
         """`relabel_target(physical)`, computed once per physical schema (`key`: its _schema_key)."""
         key = _schema_key(physical) if key is None else key
@@ -206,12 +204,12 @@ class SourceReader:
         return target if same else None
 
     def _scan(
-        self, target: pa.Schema, run: list[tuple[object, ds.ParquetFileFragment]], found: dict[int, int]
+        self, target: pa.Schema, run: list[tuple[Any, ds.ParquetFileFragment]], found: dict[int, int]
     ) -> Iterator[pa.RecordBatch]:
         """Scan files of one physical schema, a window of at most READAHEAD_BYTES at a time
         (large files: one at a time, so memory stays at one file's row group). `found`: where its
         lineage columns are (lineage_positions)."""
-        window: list[tuple[object, ds.ParquetFileFragment]] = []
+        window: list[tuple[Any, ds.ParquetFileFragment]] = []  # (SourceFile-like, its fragment)
         window_bytes = 0
         for item in run:
             if window and window_bytes + item[0].size > READAHEAD_BYTES:
@@ -271,7 +269,7 @@ class SourceReader:
                 yield from self._project(source)
             return
         with ThreadPoolExecutor(OVERLAP_FILES) as pool:
-            queue: deque[tuple[object, Future | None]] = deque()
+            queue: deque[tuple[Any, Future | None]] = deque()  # (SourceFile-like, its bytes being fetched)
             held = 0  # bytes of the queued files and of the one being projected
             upcoming = iter(sources)
             pending = next(upcoming, None)
@@ -348,6 +346,11 @@ def projected_batches(
         yield batch
     if read != source.records:
         raise InputFileError(f"{what} {source.path} has {read} rows but its manifest entry says {source.records}")
+
+
+def _locate(io: PyArrowFileIO, path: str) -> tuple[str, pa.fs.FileSystem]:
+    scheme, netloc, local = PyArrowFileIO.parse_location(path, io.properties)
+    return local, io.fs_by_scheme(scheme, netloc)
 
 
 def _fetch(io: FileIO, location: str) -> pa.Buffer:

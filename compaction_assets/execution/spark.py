@@ -15,7 +15,7 @@ import sys
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import IO
+from typing import IO, TypedDict
 from urllib.parse import urlparse
 
 from pyspark.sql import SparkSession
@@ -195,7 +195,7 @@ def start_local_jvm(conf: Mapping[str, str]) -> None:
 
     if SparkContext._gateway is not None:  # noqa: SLF001
         return
-    gateway = launch_gateway(SparkConf(loadDefaults=False).setAll(conf.items()), {"stderr": subprocess.PIPE})
+    gateway = launch_gateway(SparkConf(loadDefaults=False).setAll(list(conf.items())), {"stderr": subprocess.PIPE})
     threading.Thread(target=_pass_stderr, args=(gateway.proc.stderr,), name="spark-stderr", daemon=True).start()
     SparkContext._ensure_initialized(gateway=gateway)  # noqa: SLF001 - the session then uses this JVM
 
@@ -209,7 +209,21 @@ def _pass_stderr(stream: IO[bytes]) -> None:
 # A Connect client retries an unreachable server for ~10 min by default (15 tries, backoff to 60 s),
 # also at process exit (its atexit cleanup calls the server). A server that died is not back in
 # seconds (the recovery sensor restarts it within a tick), so a run gives up after ~10 s instead.
-CLIENT_RETRY = {"max_retries": 6, "backoff_multiplier": 2.0, "initial_backoff": 200, "max_backoff": 5000}
+class _RetrySettings(TypedDict):
+    """DefaultPolicy's keyword arguments this module sets."""
+
+    max_retries: int
+    backoff_multiplier: float
+    initial_backoff: int
+    max_backoff: int
+
+
+CLIENT_RETRY: _RetrySettings = {
+    "max_retries": 6,
+    "backoff_multiplier": 2.0,
+    "initial_backoff": 200,
+    "max_backoff": 5000,
+}
 
 
 def bounded_retries(session: SparkSession, remote: str) -> SparkSession:
@@ -217,10 +231,11 @@ def bounded_retries(session: SparkSession, remote: str) -> SparkSession:
     exit cleanup would retry it; ours, registered later, runs first and closes the client)."""
     from pyspark.sql.connect.client.retries import DefaultPolicy
 
-    client = session.client  # type: ignore[attr-defined]
+    client = session.client
     client.set_retry_policies([DefaultPolicy(**CLIENT_RETRY)])
     if not getattr(client, "_compaction_exit_hook", False):
-        client._compaction_exit_hook = True  # noqa: SLF001
+        # our marker on pyspark's client object (not one of its attributes)
+        client._compaction_exit_hook = True  # type: ignore[attr-defined]  # noqa: SLF001
         url = urlparse(remote)
         atexit.register(_close_if_unreachable, client, url.hostname or "localhost", url.port or 15002)
     return session

@@ -26,7 +26,7 @@ import ctypes
 import functools
 import json
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -268,6 +268,7 @@ def rewrite_group(job: RewriteJob, index: int) -> GroupOutcome:
     io = load_file_io(job.io_properties, metadata.location)
     partition = decode_partition(spec.partition)
     lineage = job.row_lineage
+    writer: RollingWriter | PartitionedWriter
     if spec.output_spec_id is None:
         writer = RollingWriter(
             io,
@@ -344,7 +345,7 @@ class _Expiry:
         self._column = column
         self.rows_expired = 0
 
-    def filter(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def filter(self, batches: Iterator[pa.RecordBatch]) -> Generator[pa.RecordBatch, None, None]:
         for batch in batches:
             values = batch.column(self._column)
             if pa.types.is_integer(values.type):  # int and long hold epoch millis: compare as long
@@ -369,6 +370,8 @@ def _rewrite_with_polars(
     """The group through Polars if the driver found it fit (see polars_rewrite), its delete files
     applied (polars_deletes); None: use the per-file path (`deletes` then counts from zero again)."""
     if not spec.polars or spec.sort or spec.expire or spec.output_spec_id is not None:
+        return None
+    if not isinstance(writer, RollingWriter):  # never: a PartitionedWriter has an output_spec_id
         return None
     try:
         footer = polars_rewrite.read_footer(io, spec.sources[0].path)
@@ -508,8 +511,7 @@ class RollingWriter:
         self._buffer: list[pa.RecordBatch] = []
         self._arrow_schema: pa.Schema | None = None
         self.buffered = 0  # Arrow bytes held, not yet written
-        self._writer: FileFormatWriter | None = None
-        self._output: _TrackedOutput | None = None
+        self._open: tuple[_TrackedOutput, FileFormatWriter] | None = None  # the file being written
         self._written: list[DataFile] = []
         self._opened: list[str] = []
 
@@ -558,17 +560,18 @@ class RollingWriter:
         """Write the buffered batches as a row group (rolling to a new file when this one is full)."""
         if not self._buffer:
             return
-        if self._writer is None:
+        if self._open is None:
             path = f"{self.name}-{len(self._opened):05d}.parquet"
             self._opened.append(path)
-            self._output = _TrackedOutput(self._io.new_output(path))
-            self._writer = ArrowPathWriter(self._output, self._write_schema, self._metadata.properties)
+            output = _TrackedOutput(self._io.new_output(path))
+            self._open = output, ArrowPathWriter(output, self._write_schema, self._metadata.properties)
+        output, writer = self._open
         table = pa.Table.from_batches(self._buffer)
-        stream = self._output.stream
+        stream = output.stream
         before = stream.tell() if stream is not None else 0
-        self._writer.write(table)
+        writer.write(table)
         self._buffer, self.buffered = [], 0
-        stream = self._output.stream
+        stream = output.stream
         # full when one more row group like this one would overshoot the target by more than
         # stopping here falls short of it: files land within half a row group of the target
         written = stream.tell() if stream is not None else 0
@@ -577,15 +580,16 @@ class RollingWriter:
             self._finish_file()
 
     def _finish_file(self) -> None:
-        if self._writer is None:
+        if self._open is None:
             return
-        stats = self._writer.close()
+        output, writer = self._open
+        stats = writer.close()
         data_file = DataFile.from_args(
             content=DataFileContent.DATA,
-            file_path=self._output.location,
+            file_path=output.location,
             file_format=FileFormat.PARQUET,
             partition=self._partition,
-            file_size_in_bytes=len(self._output),
+            file_size_in_bytes=len(output),
             sort_order_id=None,
             equality_ids=None,
             key_metadata=None,
@@ -593,7 +597,7 @@ class RollingWriter:
         )
         data_file.spec_id = self._spec.spec_id
         self._written.append(data_file)
-        self._writer, self._output = None, None
+        self._open = None
 
 
 class PartitionedWriter:
@@ -616,6 +620,8 @@ class PartitionedWriter:
         self._io, self._metadata, self._spec = io, metadata, spec
         self._lineage = lineage
         self._target, self._index = target_bytes, index
+        if spec.output_spec_id is None:
+            raise ValueError("a PartitionedWriter needs the group's output_spec_id")
         self._partition_spec = metadata.specs()[spec.output_spec_id]
         # converts; never writes
         self._template = RollingWriter(io, metadata, Record(), spec, target_bytes, index, file_schema=file_schema)

@@ -11,6 +11,7 @@ file through `avro_writer`. tests/test_compat_contract.py checks the names again
 from __future__ import annotations
 
 from abc import abstractmethod
+from typing import Self
 
 from pyiceberg.avro.file import AvroOutputFile
 from pyiceberg.io import OutputFile
@@ -50,7 +51,7 @@ class ManifestWriterHooks(ManifestWriterV2):
 class ManifestListWriterHooks(ManifestListWriter):
     """pyiceberg's manifest-list writer whose Avro file a subclass opens itself (`avro_writer`)."""
 
-    def __enter__(self) -> ManifestListWriterHooks:
+    def __enter__(self) -> Self:
         self._writer = self.avro_writer(self._output_file, self._meta)
         self._writer.__enter__()
         return self

@@ -196,7 +196,7 @@ class ProducerHooks:
     ) -> list[ManifestFile]:
         """Data manifests merged as pyiceberg's merge-append does (bin-packed by size, per spec),
         written through this producer's manifest writers."""
-        merger = _ManifestMergeManager(
+        merger: _ManifestMergeManager[Any] = _ManifestMergeManager(
             target_size_bytes=target_size_bytes,
             min_count_to_merge=min_count_to_merge,
             merge_enabled=True,

@@ -14,7 +14,7 @@ from pyiceberg.table.sorting import SortDirection
 from pyiceberg.transforms import DayTransform, HourTransform, IdentityTransform, MonthTransform, YearTransform
 from pyiceberg.types import NestedField, PrimitiveType
 
-from compaction_assets.errors import ConfigError
+from compaction_assets.errors import CompactionError, ConfigError
 from compaction_assets.lake import ordinal
 
 _MONOTONIC = (IdentityTransform, YearTransform, MonthTransform, DayTransform, HourTransform)
@@ -53,26 +53,44 @@ def clustering_of(table: Table, table_name: str, policy: ZorderSetting) -> Clust
     if policy.zorder_columns:
         fields = [_zorder_field(schema, table_name, name) for name in policy.zorder_columns]
         return Clustering(
-            tuple(f.name for f in fields), tuple(f.field_id for f in fields), tuple(f.field_type for f in fields), True
+            tuple(f.name for f in fields), tuple(f.field_id for f in fields), _primitive_types(table_name, fields), True
         )
     fields = [schema.find_field(field_id) for field_id, _ in _sort_fields(table)]
     if not fields:
         return None
     return Clustering(
-        tuple(f.name for f in fields), tuple(f.field_id for f in fields), tuple(f.field_type for f in fields), False
+        tuple(f.name for f in fields), tuple(f.field_id for f in fields), _primitive_types(table_name, fields), False
     )
+
+
+def _primitive_types(table_name: str, fields: Sequence[NestedField]) -> tuple[PrimitiveType, ...]:
+    """The fields' types: primitive for z-order columns (_zorder_field checks) and for sort-order
+    sources (the Iceberg spec; pyiceberg's SortOrder.check_compatible): anything else is refused."""
+    types: list[PrimitiveType] = []
+    for f in fields:
+        if not isinstance(f.field_type, PrimitiveType):
+            raise CompactionError(f"table '{table_name}': cannot cluster on the non-primitive column '{f.name}'")
+        types.append(f.field_type)
+    return tuple(types)
 
 
 def sort_keys(table: Table) -> list[tuple[str, str]]:
     """The table's sort order as pyarrow sort keys on the written files' column names."""
     names = sanitize_column_names(table.schema())
-    return [(names.find_column_name(field_id), direction) for field_id, direction in _sort_fields(table)]
+    return [(_column_name(names, field_id), direction) for field_id, direction in _sort_fields(table)]
 
 
 def file_column_names(table: Table, clustering: Clustering) -> list[str]:
     """The clustering columns' names in the written files (pyiceberg sanitises some names)."""
     names = sanitize_column_names(table.schema())
-    return [names.find_column_name(field_id) for field_id in clustering.field_ids]
+    return [_column_name(names, field_id) for field_id in clustering.field_ids]
+
+
+def _column_name(schema: Schema, field_id: int) -> str:
+    """The name of top-level field `field_id` in `schema`; ValueError if it has no such field."""
+    if (name := schema.find_column_name(field_id)) is None:
+        raise ValueError(f"no column with field id {field_id} in the table's current schema")
+    return name
 
 
 def _sort_fields(table: Table) -> list[tuple[int, str]]:

@@ -10,6 +10,7 @@ import base64
 import datetime as dt
 import math
 import uuid
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
@@ -42,6 +43,9 @@ def datafile_to_json(data_file: DataFile) -> dict[str, Any]:
 
 
 def datafile_from_json(doc: dict[str, Any]) -> DataFile:
+    # keyword arguments named at run time (from_args takes **arguments beside _table_format_version)
+    int_maps: dict[str, Any] = {name: {int(k): v for k, v in doc[name].items()} for name in _INT_MAPS}
+    bytes_maps: dict[str, Any] = {name: {int(k): _unb64(v) for k, v in doc[name].items()} for name in _BYTES_MAPS}
     data_file = DataFile.from_args(
         content=DataFileContent(doc["content"]),
         file_path=doc["file_path"],
@@ -53,8 +57,8 @@ def datafile_from_json(doc: dict[str, Any]) -> DataFile:
         equality_ids=doc["equality_ids"],
         sort_order_id=doc["sort_order_id"],
         key_metadata=_unb64(doc["key_metadata"]),
-        **{name: {int(k): v for k, v in doc[name].items()} for name in _INT_MAPS},
-        **{name: {int(k): _unb64(v) for k, v in doc[name].items()} for name in _BYTES_MAPS},
+        **int_maps,
+        **bytes_maps,
     )
     data_file.spec_id = doc["spec_id"]
     return data_file
@@ -99,7 +103,7 @@ def _encode_value(value: Any) -> Any:
     raise TypeError(f"cannot encode partition value {value!r} of type {type(value).__name__}")
 
 
-_DECODERS = {
+_DECODERS: dict[str, Callable[[str], Any]] = {
     "float": float,
     "bytes": _unb64,
     "decimal": Decimal,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -123,7 +124,9 @@ def commit_delete_files(table: Table, delete_files: Sequence[DataFile]) -> int:
         pass
     txn.commit_transaction()
     table.refresh()
-    return table.current_snapshot().snapshot_id
+    if (snapshot := table.current_snapshot()) is None:  # the commit above made one
+        raise RuntimeError(f"{table.name()}: no current snapshot after committing delete files")
+    return snapshot.snapshot_id
 
 
 def _write_parquet(table: Table, rows: pa.Table, kind: str) -> tuple[str, int, pq.FileMetaData]:
@@ -153,6 +156,15 @@ _POSITION_IDS = parquet_path_to_id_mapping(POSITION_DELETE_SCHEMA)
 WRITE_ROWS = 1 << 17  # rows written at once: files roll at the target size between such slices
 
 
+@dataclass(frozen=True)
+class _OpenFile:
+    """The position-delete file being written: its path, stream and Parquet writer."""
+
+    path: str
+    stream: OutputStream
+    writer: pq.ParquetWriter
+
+
 class PositionDeleteWriter:
     """Writes (file_path, pos) rows of one partition into position-delete files named
     `{name}-NNNNN.parquet`, starting a new file once one reaches `target_bytes`.
@@ -167,9 +179,7 @@ class PositionDeleteWriter:
         self._spec_id = spec_id
         self._partition = partition
         self._target = target_bytes
-        self._path: str | None = None
-        self._stream: OutputStream | None = None
-        self._writer: pq.ParquetWriter | None = None
+        self._open: _OpenFile | None = None
         self._opened: list[str] = []
         self._written: list[DataFile] = []
 
@@ -179,14 +189,15 @@ class PositionDeleteWriter:
             self._write(paths.slice(start, WRITE_ROWS), positions.slice(start, WRITE_ROWS))
 
     def _write(self, paths: pa.Array | pa.ChunkedArray, positions: pa.Array | pa.ChunkedArray) -> None:
-        if self._writer is None:
-            self._path = f"{self._name}-{len(self._opened):05d}.parquet"
-            self._opened.append(self._path)
-            self._stream = self._io.new_output(self._path).create(overwrite=True)
-            self._writer = pq.ParquetWriter(self._stream, _POSITION_ARROW, compression="zstd")
+        if (open_file := self._open) is None:
+            path = f"{self._name}-{len(self._opened):05d}.parquet"
+            self._opened.append(path)
+            stream = self._io.new_output(path).create(overwrite=True)
+            writer = pq.ParquetWriter(stream, _POSITION_ARROW, compression="zstd")
+            open_file = self._open = _OpenFile(path, stream, writer)
         rows = pa.table([paths.cast(pa.string()), positions.cast(pa.int64())], schema=_POSITION_ARROW)
-        self._writer.write_table(rows)
-        if self._target is not None and self._stream.tell() >= self._target:
+        open_file.writer.write_table(rows)
+        if self._target is not None and open_file.stream.tell() >= self._target:
             self._finish_file()
 
     def close(self) -> list[DataFile]:
@@ -196,31 +207,33 @@ class PositionDeleteWriter:
 
     def abort(self) -> None:
         """Delete every file this writer opened (best effort: recovery also sweeps by prefix)."""
-        if self._writer is not None:
+        if (open_file := self._open) is not None:
             with contextlib.suppress(Exception):
-                self._writer.close()
-                self._stream.close()
+                open_file.writer.close()
+                open_file.stream.close()
         for path in self._opened:
             with contextlib.suppress(OSError):
                 self._io.delete(path)
 
     def _finish_file(self) -> None:
-        if self._writer is None:
+        if (open_file := self._open) is None:
             return
-        self._writer.close()
-        self._stream.close()
-        stats = data_file_statistics_from_parquet_metadata(self._writer.writer.metadata, _POSITION_STATS, _POSITION_IDS)
+        open_file.writer.close()
+        open_file.stream.close()
+        stats = data_file_statistics_from_parquet_metadata(
+            open_file.writer.writer.metadata, _POSITION_STATS, _POSITION_IDS
+        )
         delete_file = DataFile.from_args(
             content=DataFileContent.POSITION_DELETES,
-            file_path=self._path,
+            file_path=open_file.path,
             file_format=FileFormat.PARQUET,
             partition=self._partition,
-            file_size_in_bytes=len(self._io.new_input(self._path)),
+            file_size_in_bytes=len(self._io.new_input(open_file.path)),
             **stats.to_serialized_dict(),
         )
         delete_file.spec_id = self._spec_id
         self._written.append(delete_file)
-        self._writer = self._stream = self._path = None
+        self._open = None
 
 
 def position_delete_rows(

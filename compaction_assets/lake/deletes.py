@@ -20,7 +20,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Iterable
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.partitioning import PartitionSpec
@@ -130,13 +130,16 @@ class SequencedFile(Protocol):
     def data_sequence_number(self) -> int: ...
 
 
+D = TypeVar("D", bound=SequencedFile)  # the caller's delete-file type: the index hands its own objects back
+
+
 def _scope(data_file: DataFile) -> PartitionId:
     """Spec id and partition values as the planner groups files (floats by their bits: -0.0 is not
     0.0, as Java's Double.compare has it; every NaN one)."""
     return partition_id(data_file.spec_id, data_file.partition)
 
 
-class ApplyingDeletes:
+class ApplyingDeletes(Generic[D]):
     """The Iceberg spec's rule ("Scan Planning"), exactly: which live delete files apply to a data file.
 
     - a position delete applies when it is of the data file's spec and partition, or of an
@@ -148,9 +151,9 @@ class ApplyingDeletes:
     A position delete listed here may hold no row for the file: the rewrite reads it to find out.
     """
 
-    def __init__(self, deletes: Iterable[SequencedFile], global_specs: frozenset[int] = frozenset()) -> None:
-        self._scoped: dict[PartitionId, _Scope] = {}
-        self._global = _Scope()
+    def __init__(self, deletes: Iterable[D], global_specs: frozenset[int] = frozenset()) -> None:
+        self._scoped: dict[PartitionId, _Scope[D]] = {}
+        self._global: _Scope[D] = _Scope()
         for delete in deletes:
             content = delete.data_file.content
             if content == DataFileContent.DATA:
@@ -165,7 +168,7 @@ class ApplyingDeletes:
     def __bool__(self) -> bool:
         return bool(self._scoped or self._global)
 
-    def for_data_file(self, data: SequencedFile) -> list[SequencedFile]:
+    def for_data_file(self, data: SequencedFile) -> list[D]:
         """The live delete files that apply to `data`, by the spec's rule (see the class doc), in a
         stable order: position deletes, then equality deletes by descending sequence number."""
         if not self:
@@ -175,21 +178,21 @@ class ApplyingDeletes:
         return found + self._global.applying(data) if self._global else found
 
 
-class _Scope:
+class _Scope(Generic[D]):
     """The delete files of one scope (a partition, or the global deletes), indexed: position
     deletes that name one file by that path, the rest by their bounds; equality deletes sorted by
     sequence number, so the ones newer than a data file are a prefix found by bisection."""
 
     def __init__(self) -> None:
-        self._by_path: dict[str, list[SequencedFile]] = {}
-        self._positional: list[SequencedFile] = []
-        self._equality: list[SequencedFile] = []
+        self._by_path: dict[str, list[D]] = {}
+        self._positional: list[D] = []
+        self._equality: list[D] = []
         self._negated_seqs: list[int] = []
 
     def __bool__(self) -> bool:
         return bool(self._by_path or self._positional or self._equality)
 
-    def add(self, delete: SequencedFile) -> None:
+    def add(self, delete: D) -> None:
         if delete.data_file.content == DataFileContent.EQUALITY_DELETES:
             self._equality.append(delete)
         elif (path := referenced_data_file(delete.data_file)) is not None:
@@ -201,7 +204,7 @@ class _Scope:
         self._equality.sort(key=lambda d: (-d.data_sequence_number, d.data_file.file_path))
         self._negated_seqs = [-d.data_sequence_number for d in self._equality]
 
-    def applying(self, data: SequencedFile) -> list[SequencedFile]:
+    def applying(self, data: SequencedFile) -> list[D]:
         seq, path = data.data_sequence_number, data.data_file.file_path
         found = [d for d in self._by_path.get(path, ()) if seq <= d.data_sequence_number]
         found += [d for d in self._positional if applies(d, data)]

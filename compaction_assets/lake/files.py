@@ -137,7 +137,7 @@ def _live(
         sid = entry.snapshot_id
         added_ms = resolved.get(sid)
         if added_ms is None:
-            added_ms = resolved[sid] = added_at.get(sid, fallback_ms)
+            added_ms = resolved[sid] = added_at.get(sid, fallback_ms) if sid is not None else fallback_ms
         files.append(
             LiveFile(data_file, shared[0], shared[1], added_ms, entry.sequence_number or 0, entry.file_sequence_number)
         )

@@ -117,7 +117,7 @@ def read_manifest(manifest: ManifestFile, file_io: FileIO) -> ManifestContents:
             decoder = new_decoder(block)
             for _ in range(count):
                 start = decoder.tell()
-                entry: ManifestEntry = avro.reader.read(decoder)  # type: ignore[assignment]
+                entry: ManifestEntry = avro.reader.read(decoder)
                 if entry.status == ManifestEntryStatus.DELETED:
                     continue
                 if restatable:

@@ -4,10 +4,20 @@ only these of a table's properties."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from pyiceberg.utils.properties import property_as_int
+
 ICEBERG_TARGET_SIZE_PROPERTY = "write.target-file-size-bytes"
 # Iceberg's manifest size target (its writers roll and merge manifests at it), default 8 MiB
 ICEBERG_MANIFEST_TARGET_PROPERTY = "commit.manifest.target-size-bytes"
 ENABLED_PROPERTY = "compaction.enabled"
+
+
+def int_property(properties: dict[str, str], name: str, default: int) -> int:
+    """pyiceberg's property_as_int with a default (then never None, which its type does not say)."""
+    value = property_as_int(properties, name, default)
+    return default if value is None else value
 
 
 def _parse_columns(value: str) -> tuple[str, ...]:
@@ -21,7 +31,7 @@ def _parse_bool(value: str) -> bool:
 
 
 # Iceberg table property -> (Policy field, parser).
-TABLE_PROPERTIES = {
+TABLE_PROPERTIES: dict[str, tuple[str, Callable[[str], object]]] = {
     "compaction.target-file-size-bytes": ("target_file_size_bytes", int),
     "compaction.fragment-ratio": ("fragment_ratio", int),
     "compaction.min-target-size-ratio": ("min_target_size_ratio", float),

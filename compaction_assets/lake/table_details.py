@@ -95,7 +95,7 @@ def details_from_metadata(doc: dict) -> TableDetails:
     """From a table metadata file's JSON (format v1-v3): v1 files may carry only `partition-spec`."""
     if "partition-specs" in doc:
         default = doc.get("default-spec-id", 0)
-        spec = next((s for s in doc["partition-specs"] if s.get("spec-id") == default), {"fields": []})
+        spec: dict = next((s for s in doc["partition-specs"] if s.get("spec-id") == default), {"fields": []})
         fields = spec.get("fields", [])
     else:
         fields = doc.get("partition-spec", [])

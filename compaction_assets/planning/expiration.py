@@ -24,7 +24,7 @@ from enum import StrEnum
 from pyiceberg.conversions import from_bytes
 from pyiceberg.manifest import DataFile
 from pyiceberg.schema import Schema
-from pyiceberg.types import DateType, IcebergType, IntegerType, LongType, TimestampType, TimestamptzType
+from pyiceberg.types import DateType, IntegerType, LongType, PrimitiveType, TimestampType, TimestamptzType
 
 from compaction_assets.errors import ConfigError
 from compaction_assets.planning.policy import Policy
@@ -51,7 +51,7 @@ class ExpireRule:
 
     field_id: int
     column: str  # its name in the current schema
-    field_type: IcebergType
+    field_type: PrimitiveType
     cutoff: int  # micros (timestamps), days (date) or millis (long, int)
     cutoff_ms: int
     retention_ms: int
@@ -116,16 +116,19 @@ def expire_rule(table_name: str, schema: Schema, policy: Policy, now_ms: int) ->
             f"expiration stopped: column {name!r} (compaction.expire.field) is not in the current schema "
             "(renamed or dropped? name it as the schema does now)"
         )
-    if field.field_id not in {f.field_id for f in schema.fields} or type(field.field_type) not in _UNITS:
+    field_type = field.field_type
+    top_level = field.field_id in {f.field_id for f in schema.fields}
+    # every type in _UNITS is primitive: the isinstance only tells the type checker so
+    if not top_level or not isinstance(field_type, PrimitiveType) or type(field_type) not in _UNITS:
         raise ConfigError(
-            f"table '{table_name}': compaction.expire.field={name!r} names a {field.field_type} column; "
+            f"table '{table_name}': compaction.expire.field={name!r} names a {field_type} column; "
             f"expiration needs a top-level column of type {', '.join(_UNITS.values())}"
         )
     cutoff_ms = now_ms - policy.expire_retention_ms
-    if isinstance(field.field_type, TimestampType | TimestamptzType):
+    if isinstance(field_type, TimestampType | TimestamptzType):
         cutoff = cutoff_ms * 1000
-    elif isinstance(field.field_type, DateType):
+    elif isinstance(field_type, DateType):
         cutoff = cutoff_ms // DAY_MS
     else:
         cutoff = cutoff_ms
-    return ExpireRule(field.field_id, name, field.field_type, cutoff, cutoff_ms, policy.expire_retention_ms)
+    return ExpireRule(field.field_id, name, field_type, cutoff, cutoff_ms, policy.expire_retention_ms)

@@ -116,7 +116,7 @@ class DeleteMap:
         return {p for d in delete_files for p in self.by_delete[d.path]}
 
     def _applies_only_to(self, delete: FileStat, data_paths: set[str]) -> bool:
-        covered = self.by_delete.get(delete.path)
+        covered = self.by_delete.get(delete.path, frozenset())
         return bool(covered) and covered <= data_paths
 
 

@@ -53,11 +53,11 @@ def bounds_overlap(files: Sequence[DataFile], clustering: Clustering) -> float:
 def _bound_keys(bounds: list[dict[int, bytes] | None], field_id: int, field_type: PrimitiveType, missing) -> np.ndarray:
     """The ordinal key of each file's bound on `field_id` (`missing` where it has none)."""
     raw = [b.get(field_id) if b else None for b in bounds]
-    present = [i for i, v in enumerate(raw) if v is not None]
+    present = {i: v for i, v in enumerate(raw) if v is not None}
     keys = np.full(len(raw), missing, dtype=np.uint64)
     if present:
-        values = [_comparable(from_bytes(field_type, raw[i])) for i in present]
-        keys[present], _ = ordinal.ordinals(pa.array(values))
+        values = [_comparable(from_bytes(field_type, v)) for v in present.values()]
+        keys[list(present)], _ = ordinal.ordinals(pa.array(values))
     return keys
 
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
+from typing import Any, TypeVar
 
 from compaction_assets.config import PolicyConfig
 from compaction_assets.errors import ConfigError
 from compaction_assets.lake.properties import ENABLED_PROPERTY as ENABLED_PROPERTY  # engine and GC import it here
 from compaction_assets.lake.properties import ICEBERG_TARGET_SIZE_PROPERTY, TABLE_PROPERTIES
+
+T = TypeVar("T")
 
 MiB = 1024 * 1024
 DEFAULT_TARGET_FILE_SIZE = 128 * MiB
@@ -79,12 +82,14 @@ def resolve_policy(table_name: str, configured: PolicyConfig, table_properties: 
     policy = replace(policy, **configured_values)
     for prop, (field_name, parse) in TABLE_PROPERTIES.items():
         if prop in table_properties:
-            policy = replace(policy, **{field_name: _parse(table_name, prop, table_properties[prop], parse)})
+            # the field is named at run time: its parser gives its type, _validate checks the values
+            change: dict[str, Any] = {field_name: _parse(table_name, prop, table_properties[prop], parse)}
+            policy = replace(policy, **change)
     _validate(table_name, policy)
     return policy
 
 
-def _parse(table_name: str, prop: str, raw: str, parse) -> object:
+def _parse(table_name: str, prop: str, raw: str, parse: Callable[[str], T]) -> T:
     try:
         return parse(raw)
     except ValueError as exc:

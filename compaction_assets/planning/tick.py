@@ -117,7 +117,7 @@ def candidate_benefits(
     return benefits
 
 
-def observation_metadata(stats: PartitionStats, paused: bool) -> dict[str, object]:
+def observation_metadata(stats: PartitionStats, paused: bool) -> dict[str, int | float | bool]:
     """The fragmentation the sensor records of a planned partition (an AssetObservation's metadata)."""
     return {
         "data_files": stats.data_files,
@@ -162,8 +162,8 @@ class Tick:
         if name not in present:
             return Look.DROPPED
         cursor = self.cursor
-        known = locations is not None and name in cursor.versions
-        if known and cursor.versions[name] == locations.get(name) and self._replayable(name):
+        unchanged = locations is not None and name in cursor.versions and cursor.versions[name] == locations.get(name)
+        if unchanged and self._replayable(name):
             return Look.REPLAY
         return Look.LOAD
 
