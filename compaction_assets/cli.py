@@ -198,8 +198,8 @@ def recover(ctx: click.Context) -> None:
         f"{len(report.abandoned)} abandoned, {len(report.parked)} parked"
     )
     for attempt_id in report.parked:
-        parked = engine.ledger.get(attempt_id)
-        click.echo(f"  parked {parked.table_name} attempt {attempt_id}: {parked.reason}", err=True)
+        if (parked := engine.ledger.get(attempt_id)) is not None:
+            click.echo(f"  parked {parked.table_name} attempt {attempt_id}: {parked.reason}", err=True)
     for error in report.errors:
         click.echo(f"  could not recover {error}", err=True)
     _to_dagster(engine, lambda home, events: events.report_recovery(home, engine, report))

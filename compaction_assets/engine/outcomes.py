@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from compaction_assets.commit.ledger import Attempt, StaleAttempt
 from compaction_assets.commit.two_phase import CommitResult
@@ -76,7 +77,7 @@ def describe_phases(phases: dict[str, float]) -> str:
     )
 
 
-def begun_outcome(attempt: Attempt, plan: PartitionPlan, **figures: int | str) -> PartitionOutcome:
+def begun_outcome(attempt: Attempt, plan: PartitionPlan, **figures: Any) -> PartitionOutcome:
     """A begun attempt's outcome, "failed" until it is prepared, with its plan's figures."""
     return PartitionOutcome(
         table_name=attempt.table_name,
@@ -127,7 +128,7 @@ def settle(
         outcome.snapshot_id = result.committed_snapshot_id
 
 
-def committed_reason(outcome: PartitionOutcome, plan: PartitionPlan, attempt: Attempt, rows_out: int) -> str:
+def committed_reason(outcome: PartitionOutcome, plan: PartitionPlan, attempt: Attempt, rows_out: int | None) -> str:
     """What a committed partition's rewrite did, in a line (`attempt`: the prepared one)."""
     if plan.is_tier:
         reason = (

@@ -89,11 +89,16 @@ def _rewrite(
 ) -> tuple[list[GroupOutcome], list[TierOutcome]]:
     """Run the job and the tier run on Spark; if that fails, every begun attempt is abandoned and
     CompactionError raised."""
+    results: list[GroupOutcome] = []
+    tier_results: list[TierOutcome] = []
     try:
         # a Spark session only when there is data to read (an expiration may only drop files)
-        spark = spark_factory() if job.groups or tier_run.jobs else None
-        results = run_rewrite(spark, job) if job.groups else {}
-        tier_results = run_tiers(spark, tier_run) if tier_run.jobs else []
+        if job.groups or tier_run.jobs:
+            spark = spark_factory()
+            if job.groups:
+                results = run_rewrite(spark, job)
+            if tier_run.jobs:
+                tier_results = run_tiers(spark, tier_run)
     except Exception as exc:
         message = first_line(exc)
         for item in begun:

@@ -116,14 +116,15 @@ class RewriteJobBuilder:
         order; `task_bytes`: how many input bytes packed groups share a Spark task up to."""
         table, clustering, groups = self.table, self.clustering, self.groups
         sizes = [sum(s.size for s in g.sources) for g in groups]
+        zorder = sorting and clustering is not None and clustering.zorder
         return RewriteJob(
             metadata_json=slim_metadata_json(table),
             io_properties=dict(table.io.properties),
             target_file_size_bytes=self.policy.target_file_size_bytes,
             groups=groups,
             tasks=pack_tasks(sizes, [packable(g) for g in groups], task_bytes),
-            sort_columns=sort_keys(table) if sorting and not clustering.zorder else [],
-            zorder_columns=file_column_names(table, clustering) if sorting and clustering.zorder else [],
+            sort_columns=sort_keys(table) if sorting and not zorder else [],
+            zorder_columns=file_column_names(table, clustering) if zorder and clustering is not None else [],
             sort_budget_bytes=self.policy.sort_memory_bytes,
             row_lineage=self.lineage,
         )

@@ -56,9 +56,12 @@ class FileStat(Protocol):
     @property
     def data_sequence_number(self) -> int: ...
 
-    partition_id: Hashable  # files with equal ids are one partition
-    partition_key: str  # its injective rendering
-    added_at_ms: int
+    @property
+    def partition_id(self) -> Hashable: ...  # files with equal ids are one partition
+    @property
+    def partition_key(self) -> str: ...  # its injective rendering
+    @property
+    def added_at_ms(self) -> int: ...
 
 
 @dataclass(frozen=True)
