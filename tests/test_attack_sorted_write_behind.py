@@ -19,7 +19,8 @@ from pyiceberg.transforms import IdentityTransform
 
 from compaction_assets import faults
 from compaction_assets.execution import external_sort
-from compaction_assets.execution.worker import RollingWriter, rewrite_group
+from compaction_assets.execution.worker import rewrite_group
+from compaction_assets.execution.writers import RollingWriter
 from tests.lakekit.oracle import row_key
 from tests.test_clustering import make_table, shuffled
 from tests.test_rewrite_paths import _job

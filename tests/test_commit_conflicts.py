@@ -24,7 +24,7 @@ from compaction_assets.commit.conflicts import (
     format_conflict,
     uncovered,
 )
-from compaction_assets.lake.manifest_io import LAST_UPDATED_FIELD_ID, ROW_ID_FIELD_ID
+from compaction_assets.lake.v3_fields import LAST_UPDATED_FIELD_ID, ROW_ID_FIELD_ID
 
 DATA, POSITION, EQUALITY = DataFileContent.DATA, DataFileContent.POSITION_DELETES, DataFileContent.EQUALITY_DELETES
 PARTITIONED, UNPARTITIONED = 0, 1  # spec ids

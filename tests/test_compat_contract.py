@@ -42,7 +42,7 @@ from compaction_assets.iceberg_compat.producers import (
     SnapshotProducer,
 )
 from compaction_assets.lake.delete_files import _AddDeleteFiles, _DeleteManifestWriter
-from compaction_assets.lake.manifest_io import ManifestListWriterV3, ManifestWriterV3
+from compaction_assets.lake.format_v3 import ManifestListWriterV3, ManifestWriterV3
 from compaction_tools.bench.plan_at_scale import _ManifestPerBatch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -291,3 +291,14 @@ def test_no_module_outside_the_layers_imports_a_private_name_of_pyiceberg_or_dag
         if path != DAGSTER_LAYER:
             offenders += [f"{path.relative_to(ROOT)}: {n}" for n in _private_imports(path, "dagster")]
     assert not offenders, offenders
+
+
+def test_the_v3_metadata_serialisation_is_patched_in_and_pyicebergs_own_still_refuses() -> None:
+    from pyiceberg.table.metadata import TableMetadataV3
+
+    from compaction_assets.iceberg_compat import table_metadata
+
+    assert TableMetadataV3.model_dump_json is table_metadata.dump_v3_metadata_json
+    original = table_metadata.PYICEBERG_DUMP_V3
+    source = inspect.getsource(original)
+    assert "NotImplementedError" in source, "pyiceberg writes v3 metadata itself now: drop the patch"

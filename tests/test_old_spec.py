@@ -46,7 +46,8 @@ from compaction_assets.commit.consistency import check_consistency
 from compaction_assets.commit.ledger import Status
 from compaction_assets.commit.recovery import recover
 from compaction_assets.execution.partitioning import split_by_partition
-from compaction_assets.execution.worker import MAX_BUFFER_BYTES, GroupSpec, PartitionedWriter
+from compaction_assets.execution.worker import GroupSpec
+from compaction_assets.execution.writers import MAX_BUFFER_BYTES, PartitionedWriter
 from compaction_assets.lake.files import live_files
 from compaction_assets.lake.partition_key import NULL_TOKEN, partition_id
 from compaction_assets.planning.model import Kind

@@ -22,7 +22,8 @@ from compaction_assets.execution.polars_storage import (
     scan_concurrency,
 )
 from compaction_assets.execution.source_reader import SourceReader
-from compaction_assets.execution.worker import RewriteJob, RollingWriter, rewrite_group
+from compaction_assets.execution.worker import RewriteJob, rewrite_group
+from compaction_assets.execution.writers import RollingWriter
 from compaction_assets.lake.catalog import load_table
 from compaction_assets.lake.datafile_codec import decode_partition
 from compaction_assets.lake.digest import rows_digest

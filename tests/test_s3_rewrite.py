@@ -29,7 +29,8 @@ from compaction_assets.execution.polars_storage import (
     storage_for,
 )
 from compaction_assets.execution.source_reader import SourceReader
-from compaction_assets.execution.worker import RewriteJob, RollingWriter, rewrite_group
+from compaction_assets.execution.worker import RewriteJob, rewrite_group
+from compaction_assets.execution.writers import RollingWriter
 from compaction_assets.lake.appends import append_fragments
 from compaction_assets.lake.catalog import load_table
 from compaction_assets.lake.datafile_codec import decode_partition

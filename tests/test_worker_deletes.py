@@ -44,7 +44,7 @@ from pyiceberg.types import (
 )
 
 from compaction_assets.execution import deletes as deletes_module
-from compaction_assets.execution import worker
+from compaction_assets.execution import equality_keys, worker
 from compaction_assets.execution.deletes import GroupDeletes
 from compaction_assets.execution.source_reader import SourceReader
 from compaction_assets.execution.worker import (
@@ -422,7 +422,7 @@ def test_key_index_matches_null_safe_on_every_type(
     int-as-long); file 1 on (tag, key) with tag "t" and every value. Data: each value with tag
     "t" and again with "u"."""
     if colliding:  # every key and row shares one hash: only the exact comparison decides
-        monkeypatch.setattr(deletes_module, "_row_hashes", lambda table: np.zeros(table.num_rows, np.uint64))
+        monkeypatch.setattr(equality_keys, "_row_hashes", lambda table: np.zeros(table.num_rows, np.uint64))
     iceberg_type, values = _KEY_TYPES[kind]
     schema = Schema(NestedField(5, "key", iceberg_type, required=False), NestedField(6, "tag", StringType()))
     arrow = schema_to_pyarrow(schema)
@@ -455,7 +455,7 @@ def test_key_index_matches_null_safe_on_every_type(
 def test_many_delete_histories_share_one_key_index(catalog: SqlCatalog, monkeypatch: pytest.MonkeyPatch) -> None:
     """A CDC history: each commit's data, then an equality delete on id and on (k, n): every data
     file has its own set of applying deletes (the later ones). More sets than masks are cached."""
-    monkeypatch.setattr(deletes_module, "ACTIVE_CACHE", 2)
+    monkeypatch.setattr(equality_keys, "ACTIVE_CACHE", 2)
     table = catalog.create_table("ns.t", schema=SCHEMA, properties=SMALL_ROW_GROUPS)
     for step in range(10):
         append_fragments(table, [_rows(step * 20, 20, "x")])

@@ -40,12 +40,9 @@ from compaction_assets.lake.deletes import (
 )
 from compaction_assets.lake.files import LiveFile
 from compaction_assets.lake.manifest_cache import live_entries
-from compaction_assets.lake.manifest_io import (
-    MIN_LINEAGE_VERSION,
-    ManifestContents,
-    holds_row_lineage,
-)
+from compaction_assets.lake.manifest_io import ManifestContents
 from compaction_assets.lake.partition_key import partition_id
+from compaction_assets.lake.v3_fields import MIN_LINEAGE_VERSION, holds_row_lineage
 
 
 def conflict(

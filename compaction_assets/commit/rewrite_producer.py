@@ -68,21 +68,17 @@ from compaction_assets.lake.deletes import (
     file_key,
     global_spec_ids,
 )
-from compaction_assets.lake.manifest_cache import manifest_contents
-from compaction_assets.lake.manifest_io import (
-    MANIFEST_FIRST_ROW_ID,
-    MIN_LINEAGE_VERSION,
-    ManifestContents,
+from compaction_assets.lake.format_v3 import (
     ManifestListWriterV3,
     ManifestWriterV3,
-    partition_schema,
     read_entries,
     snapshot_manifests,
-    v3_field,
     with_first_row_ids,
-    write_restated,
 )
+from compaction_assets.lake.manifest_cache import manifest_contents
+from compaction_assets.lake.manifest_io import ManifestContents, partition_schema, write_restated
 from compaction_assets.lake.properties import int_property
+from compaction_assets.lake.v3_fields import MANIFEST_FIRST_ROW_ID, MIN_LINEAGE_VERSION, v3_field
 
 _UNREAD = ManifestContents((), None, ())
 
@@ -146,9 +142,9 @@ class RewriteFiles(OverwriteProducer):
     Summary: computed here, since pyiceberg 0.12's update_snapshot_summaries refuses `replace`.
 
     Format version 3 (pyiceberg 0.12 writes no v3 manifest, manifest list or snapshot: no public API
-    does): manifests are written by manifest_io.ManifestWriterV3, entries written again (restated,
+    does): manifests are written by format_v3.ManifestWriterV3, entries written again (restated,
     merged) carry their data files' first_row_id as readers inherit it, so rows keep their ids; the
-    manifest list (manifest_io.ManifestListWriterV3) assigns new row ids to the data manifests this
+    manifest list (format_v3.ManifestListWriterV3) assigns new row ids to the data manifests this
     snapshot wrote, and the snapshot records first-row-id and added-rows (snapshot_updates). A deletion vector
     is one blob of a Puffin file many share: removed by its key (lake.deletes.file_key), dangling once
     its data file is replaced, counted as Java does (`removed-dvs`). Results must hold row lineage
@@ -217,7 +213,7 @@ class RewriteFiles(OverwriteProducer):
 
     def new_manifest_writer(self, spec: PartitionSpec) -> ManifestWriter:
         """pyiceberg's, with the partition typed by _spec_schema (its merge writes through this too);
-        format version 3: manifest_io.ManifestWriterV3 (pyiceberg 0.12 writes no v3 manifest)."""
+        format version 3: format_v3.ManifestWriterV3 (pyiceberg 0.12 writes no v3 manifest)."""
         if self._lineage:
             schema, output = self._spec_schema(spec.spec_id), self.new_manifest_output()
             return ManifestWriterV3(spec, schema, output, self.snapshot_id, self.compression)
@@ -242,7 +238,7 @@ class RewriteFiles(OverwriteProducer):
 
     def fetch_manifest_entry(self, manifest: ManifestFile, discard_deleted: bool = True) -> list[ManifestEntry]:
         """What pyiceberg's manifest merge writes again; format version 3: read with the v3 entry
-        schema and first_row_id inherited (manifest_io.read_entries), else the merged entries would
+        schema and first_row_id inherited (format_v3.read_entries), else the merged entries would
         lose their rows' ids (pyiceberg 0.12 reads the v2 schema)."""
         if self._lineage:
             return read_entries(manifest, self.file_io, discard_deleted)
@@ -251,7 +247,7 @@ class RewriteFiles(OverwriteProducer):
     def snapshot_updates(self) -> UpdatesAndRequirements:
         """pyiceberg 0.12's snapshot producer's, but for format version 3 (which it cannot
         write: no v3 manifest list, and the snapshot's `added-rows` left unset): the manifest list
-        assigns first_row_id to the data manifests this snapshot wrote (manifest_io.ManifestListWriterV3),
+        assigns first_row_id to the data manifests this snapshot wrote (format_v3.ManifestListWriterV3),
         the snapshot's first-row-id is the table's next-row-id and its added-rows what was assigned."""
         metadata = self.table_metadata
         self._lineage = metadata.format_version >= MIN_LINEAGE_VERSION  # each try: another engine may upgrade
@@ -407,7 +403,7 @@ class RewriteFiles(OverwriteProducer):
 
     def _contents(self, manifest: ManifestFile) -> ManifestContents:
         """A manifest's cached live entries; in a format-version-3 table with their data files'
-        first_row_id as readers see it (manifest_io.with_first_row_ids), so that an entry written
+        first_row_id as readers see it (format_v3.with_first_row_ids), so that an entry written
         again keeps its rows' ids."""
         contents = manifest_contents(manifest, self.file_io)
         if not self._lineage:

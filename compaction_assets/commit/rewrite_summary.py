@@ -47,10 +47,7 @@ from pyiceberg.utils.properties import property_as_int
 from compaction_assets.lake.deletes import (
     is_deletion_vector,
 )
-from compaction_assets.lake.manifest_io import (
-    CONTENT_SIZE_IN_BYTES,
-    v3_field,
-)
+from compaction_assets.lake.v3_fields import CONTENT_SIZE_IN_BYTES, v3_field
 
 REMOVED_DVS = "removed-dvs"  # Java's snapshot summary (format version 3); pyiceberg 0.12 has no such key
 

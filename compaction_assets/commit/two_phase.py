@@ -58,10 +58,8 @@ from compaction_assets.lake.deletes import (
 )
 from compaction_assets.lake.features import refusal
 from compaction_assets.lake.files import live_files, partition_key
+from compaction_assets.lake.format_v3 import read_entries
 from compaction_assets.lake.manifest_cache import forget
-from compaction_assets.lake.manifest_io import (
-    read_entries,
-)
 from compaction_assets.lake.storage import PathSet, delete_unreferenced, files_with_prefix
 from compaction_assets.planning.planner import Kind
 

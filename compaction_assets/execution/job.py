@@ -21,7 +21,7 @@ from compaction_assets.lake.clustering import Clustering, file_column_names, sor
 from compaction_assets.lake.datafile_codec import encode_partition
 from compaction_assets.lake.deletes import is_deletion_vector, referenced_data_file
 from compaction_assets.lake.files import LiveFile
-from compaction_assets.lake.manifest_io import CONTENT_OFFSET, CONTENT_SIZE_IN_BYTES, MIN_LINEAGE_VERSION, v3_field
+from compaction_assets.lake.v3_fields import CONTENT_OFFSET, CONTENT_SIZE_IN_BYTES, MIN_LINEAGE_VERSION, v3_field
 from compaction_assets.planning.expiration import ExpireRule
 from compaction_assets.planning.model import DeleteMap, FileGroup, Kind, PartitionPlan
 from compaction_assets.planning.policy import Policy

@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField
 
-from compaction_assets.lake.manifest_io import LAST_UPDATED_FIELD_ID, ROW_ID_FIELD_ID
+from compaction_assets.lake.v3_fields import LAST_UPDATED_FIELD_ID, ROW_ID_FIELD_ID
 
 LINEAGE_FIELDS = (
     NestedField(ROW_ID_FIELD_ID, "_row_id", LongType(), required=False),

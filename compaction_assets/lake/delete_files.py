@@ -46,7 +46,7 @@ from pyiceberg.types import LongType, NestedField, StringType
 
 from compaction_assets.iceberg_compat.manifest_writers import ManifestWriterHooks
 from compaction_assets.iceberg_compat.producers import AppendProducer
-from compaction_assets.lake.manifest_io import int_equality_ids
+from compaction_assets.lake.format_v3 import int_equality_ids
 
 FILE_PATH_ID = 2147483546  # reserved field ids of a position-delete file (Iceberg spec)
 POS_ID = 2147483545

@@ -27,8 +27,8 @@ from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.transforms import VoidTransform
 from pyiceberg.typedef import Record
 
-from compaction_assets.lake.manifest_io import CONTENT_OFFSET, REFERENCED_DATA_FILE, v3_field
 from compaction_assets.lake.partition_key import PartitionId, partition_id
+from compaction_assets.lake.v3_fields import CONTENT_OFFSET, REFERENCED_DATA_FILE, v3_field
 
 FILE_PATH_FIELD_ID = 2147483546  # the file_path column of a position delete file (Iceberg spec reserved id)
 _NAN = object()  # NaN partition values are one partition (NaN != NaN would make each its own)

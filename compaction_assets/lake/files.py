@@ -10,16 +10,10 @@ from pyiceberg.utils.lazydict import LazyDict
 
 from compaction_assets.iceberg_compat.metadata import lazy_dict_values
 from compaction_assets.lake.deletes import file_key
+from compaction_assets.lake.format_v3 import snapshot_manifests, with_first_row_ids
 from compaction_assets.lake.manifest_cache import manifest_contents
-from compaction_assets.lake.manifest_io import (
-    FIRST_ROW_ID,
-    MANIFEST_FIRST_ROW_ID,
-    MIN_LINEAGE_VERSION,
-    snapshot_manifests,
-    v3_field,
-    with_first_row_ids,
-)
 from compaction_assets.lake.partition_key import PartitionId, partition_id, render_partition
+from compaction_assets.lake.v3_fields import FIRST_ROW_ID, MANIFEST_FIRST_ROW_ID, MIN_LINEAGE_VERSION, v3_field
 
 
 class LiveFile:
@@ -27,7 +21,7 @@ class LiveFile:
     `path` tells it from the other live files (lake.deletes.file_key): the file's path, but a
     deletion vector's is `<Puffin file path>#<blob offset>` (many share one Puffin file).
     `first_row_id`: a data file's in a format-version-3 table, inherited as readers see it
-    (manifest_io.with_first_row_ids); None otherwise.
+    (format_v3.with_first_row_ids); None otherwise.
 
     Slotted, its figures copied out of the DataFile once: the planner reads them a few times per
     file, and at 200,000 files each DataFile property call costs planning tenths of a second."""
@@ -98,7 +92,7 @@ def live_files(table: Table) -> list[LiveFile]:
     A manifest's LiveFiles are made once per process for each (current spec, current schema) and
     kept beside its cached entries (manifests are immutable); they are reused while the snapshots
     their entries name still resolve to the same times. In a format-version-3 table the entries
-    carry their data files' first_row_id as readers see it (manifest_io.with_first_row_ids)."""
+    carry their data files' first_row_id as readers see it (format_v3.with_first_row_ids)."""
     snapshot = table.current_snapshot()
     if snapshot is None:
         return []

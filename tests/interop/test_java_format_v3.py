@@ -20,14 +20,8 @@ from compaction_assets.defs.build import build_definitions, table_job
 from compaction_assets.defs.resources import CompactionResource
 from compaction_assets.lake.features import V3_TIER_REASON
 from compaction_assets.lake.files import live_files
-from compaction_assets.lake.manifest_io import (
-    CONTENT_OFFSET,
-    MANIFEST_FIRST_ROW_ID,
-    REFERENCED_DATA_FILE,
-    read_entries,
-    snapshot_manifests,
-    v3_field,
-)
+from compaction_assets.lake.format_v3 import read_entries, snapshot_manifests
+from compaction_assets.lake.v3_fields import CONTENT_OFFSET, MANIFEST_FIRST_ROW_ID, REFERENCED_DATA_FILE, v3_field
 from compaction_assets.planning.model import Kind
 from tests.interop.checks import assert_rows, compaction_snapshots
 from tests.interop.conftest import SharedLake
