@@ -1,14 +1,18 @@
 """Shared fixtures: one real local SparkSession per test session, a real SQLite pyiceberg catalog
-and task ledger per test, and helpers that write real small Parquet files through pyiceberg."""
+and task ledger per test, and helpers that write real small Parquet files through pyiceberg; also
+a throwaway Dagster `instance`, `clocked` engines (a fixed clock) and `s3_with_auth` (moto checking
+signatures). Plain helpers shared between test modules live in tests/lakekit/ (polling:
+tests/lakekit/waiting.py); no test module imports another."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +32,7 @@ from compaction_assets.engine import Engine
 from compaction_assets.execution.spark import spark_session
 from compaction_tools.demo import append_fragments
 from compaction_tools.local_s3 import LocalS3, local_s3
+from tests.lakekit.waiting import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -49,9 +54,11 @@ CLI = [venv_bin("compaction-assets")]
 @pytest.fixture(scope="session")
 def spark():
     session = spark_session(SparkConfig(master="local[2]", conf={"spark.sql.shuffle.partitions": "2"}))
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
+    try:  # the JVM is stopped on every way out: pytest runs this finalizer on Ctrl-C too
+        session.sparkContext.setLogLevel("ERROR")
+        yield session
+    finally:
+        session.stop()
 
 
 @dataclass
@@ -243,3 +250,69 @@ def queued_lake(tmp_path: Path, spark) -> Iterator[Lake]:
     append_fragments(flat, [batch(i * 10, 10, "x") for i in range(8)])
     yield lake
     engine.ledger.dispose()
+
+
+@pytest.fixture
+def s3_with_auth(tmp_path) -> Iterator[LocalS3]:
+    """moto's server in a process of its own that checks request signatures (after its first 4
+    requests, which create an IAM user with an access key and an allow-all policy, and the bucket)."""
+    import boto3
+
+    port = free_port()
+    env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "4"}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+
+        def listening() -> bool:
+            assert server.poll() is None, "moto server did not start"
+            with socket.socket() as probe:
+                return probe.connect_ex(("127.0.0.1", port)) == 0
+
+        wait_until(listening, 30, interval=0.2, message="moto server did not start")
+        anyone = LocalS3(endpoint=f"http://127.0.0.1:{port}", bucket="lake", access_key="setup", secret_key="setup")
+        iam = boto3.client(
+            "iam",
+            endpoint_url=anyone.endpoint,
+            region_name=anyone.region,
+            aws_access_key_id="setup",
+            aws_secret_access_key="setup",
+        )
+        iam.create_user(UserName="lake")
+        key = iam.create_access_key(UserName="lake")["AccessKey"]
+        policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
+        iam.put_user_policy(UserName="lake", PolicyName="all", PolicyDocument=json.dumps(policy))
+        s3 = LocalS3(anyone.endpoint, "lake", access_key=key["AccessKeyId"], secret_key=key["SecretAccessKey"])
+        s3.client().create_bucket(Bucket="lake")
+        yield s3
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+@pytest.fixture
+def clocked(lake: Lake, spark) -> Callable[..., Engine]:
+    """Engines on the lake with the test's clock (NOW unless given) and the test session's Spark
+    (unless another session factory is given)."""
+    from tests.lakekit.expiry import NOW_MS  # imported here: lakekit's modules import this one
+
+    session = spark
+
+    def make(now_ms: int = NOW_MS, spark: Callable | None = None) -> Engine:
+        factory = spark or (lambda: session)
+        return Engine(lake.engine.config, lake.catalog, lake.engine.ledger, factory, clock=lambda: now_ms)
+
+    return make
+
+
+@pytest.fixture
+def instance():
+    """A throwaway Dagster instance (the sensor, asset and check tests)."""
+    from dagster import instance_for_test  # imported here: most tests need no Dagster
+
+    with instance_for_test() as instance:
+        yield instance

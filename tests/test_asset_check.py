@@ -10,7 +10,6 @@ from dagster import (
     RunRequest,
     build_schedule_context,
     build_sensor_context,
-    instance_for_test,
 )
 from dagster._core.test_utils import create_run_for_test
 
@@ -21,29 +20,10 @@ from compaction_assets.defs.naming import op_name
 from compaction_assets.defs.resources import CompactionResource
 from compaction_assets.lake.digest import batches_digest, rows_digest
 from tests.conftest import create_fragmented, data_files
+from tests.lakekit.dagster_runs import materialization_metadata, run_partition
 
 KEY = AssetKey(["lake", "ns", "t"])
 RANGE_START, RANGE_END = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
-
-
-@pytest.fixture
-def instance():
-    with instance_for_test() as instance:
-        yield instance
-
-
-def run_partition(lake, instance, partition: str):
-    defs = build_definitions(load_config(lake.config_path))
-    instance.add_dynamic_partitions("lake__ns__t", [partition])
-    job = table_job(defs, "ns.t")
-    result = job.execute_in_process(instance=instance, partition_key=partition, raise_on_error=False)
-    [check] = result.get_asset_check_evaluations() or [None]
-    return result, check
-
-
-def materialization_metadata(result) -> dict:
-    [event] = result.asset_materializations_for_node(op_name("default", "ns.t"))
-    return {k: v.value for k, v in event.metadata.items()}
 
 
 @pytest.mark.filterwarnings("error::DeprecationWarning:compaction_assets.*")  # e.g. AssetExecutionContext.run_id

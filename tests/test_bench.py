@@ -33,6 +33,7 @@ from compaction_tools.bench.run import (
     stage,
 )
 from compaction_tools.bench.s3_dataset import compare_s3, s3_source
+from tests.lakekit.waiting import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -189,10 +190,13 @@ def test_iceberg_java_applies_the_position_deletes_of_the_mor_dataset_as_ours_do
 
 
 def test_background_load_runs_busy_processes_for_the_block_and_kills_them():
+    def utime(pid: int) -> int:  # clock ticks in user mode
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[11])
+
     with footprint.background_load(2) as pids:
-        time.sleep(0.5)
+        wait_until(lambda: all(utime(pid) > 0 for pid in pids), 30, interval=0.05, message="no CPU used")
         assert footprint.tree_pids([os.getpid()]) >= {os.getpid(), *pids}
-        busy = [int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[11]) for pid in pids]
+        busy = [utime(pid) for pid in pids]
         assert all(ticks > 0 for ticks in busy)  # they use CPU (utime, clock ticks)
     assert not any(Path(f"/proc/{pid}").exists() for pid in pids)  # killed and reaped
 
@@ -201,7 +205,7 @@ def test_tree_peak_counts_a_child_process_memory():
     import subprocess
     import sys
 
-    grow = "x = bytearray(300 * 1024 * 1024); import time; time.sleep(1.5)"
+    grow = "x = bytearray(300 * 1024 * 1024); import time; time.sleep(1.5)"  # held while the peak is sampled
     mine, _ = footprint.tree_rss_pss([], [os.getpid()])
     with footprint.TreePeak([os.getpid()]) as tree:
         subprocess.run([sys.executable, "-c", grow], check=True)
@@ -216,10 +220,10 @@ def test_tree_pss_splits_pages_a_forked_child_shares_and_rss_counts_them_twice()
     shared = bytearray(400 * 1024 * 1024)  # touched: resident in this process, shared with a fork
     child = os.fork()
     if child == 0:
-        time.sleep(1.5)
+        time.sleep(1.5)  # kept: the child's lifetime, alive while the parent measures
         os._exit(0)
     try:
-        time.sleep(0.3)
+        wait_until(lambda: child in footprint.tree_pids([os.getpid()]), 1, interval=0.01, message="child not seen")
         rss, pss = footprint.tree_rss_pss([os.getpid()])
     finally:
         os.waitpid(child, 0)
@@ -254,7 +258,7 @@ def test_a_datasets_files_and_digest_are_written_once_for_both_passes(tmp_path):
 def test_each_stage_is_timed_and_logged_even_when_it_fails():
     report, lines = BenchReport(cores=2), []
     with stage(report, "tiny", lines.append):
-        time.sleep(0.05)
+        time.sleep(0.05)  # kept: a stage that takes a known time, which the report must show
     with pytest.raises(RuntimeError), stage(report, "memory", lines.append):
         raise RuntimeError("stage failed")
     assert list(report.stage_seconds) == ["tiny", "memory"] and report.stage_seconds["tiny"] >= 0.05

@@ -310,7 +310,8 @@ def test_a_worker_killed_mid_rewrite(cluster, tmp_path):
             assert compaction.poll() is None, compaction.communicate()
             assert time.monotonic() < deadline, "the victim's executor never ran a Python worker"
             time.sleep(0.2)
-        time.sleep(2)  # inside the pause of its first group
+        # kept: inside the 8 s pause of its first group; the pause leaves no sign a test can poll for
+        time.sleep(2)
         doomed = cluster.pids_of(victim)
         cluster.kill_worker(victim)
         assert running(doomed, wait_seconds=15) == []

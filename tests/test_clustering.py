@@ -16,76 +16,30 @@ import pyarrow.parquet as pq
 import pytest
 from pyiceberg.conversions import to_bytes
 from pyiceberg.manifest import DataFile
-from pyiceberg.schema import Schema
 from pyiceberg.table.sorting import NullOrder, SortDirection, SortField, SortOrder
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import Record
-from pyiceberg.types import DoubleType, LongType, NestedField, StringType
+from pyiceberg.types import LongType
 
 from compaction_assets.errors import ConfigError
 from compaction_assets.execution.external_sort import ExternalSort, SortSpec, spill_root
 from compaction_assets.execution.zorder import bits_per_column, interleave
 from compaction_assets.lake import ordinal
-from compaction_assets.lake.clustering import Clustering
-from compaction_assets.lake.files import live_files
-from compaction_assets.planning.overlap import bounds_overlap
+from compaction_assets.planning.overlap import Clustering, bounds_overlap
 from compaction_assets.planning.planner import plan_partition, plan_table
 from compaction_assets.planning.policy import Policy
 from compaction_tools.demo import append_fragments
-from tests.conftest import BY_REGION
+from tests.lakekit.dagster_runs import materialization_metadata, run_partition
 from tests.lakekit.oracle import row_key
-from tests.test_asset_check import materialization_metadata, run_partition
-from tests.test_compaction import assert_duckdb_reads_what_pyiceberg_reads, local
-from tests.test_planner import F
-
-SCHEMA = Schema(
-    NestedField(1, "id", LongType(), required=False),
-    NestedField(2, "region", StringType(), required=False),
-    NestedField(3, "a", LongType(), required=False),
-    NestedField(4, "b", DoubleType(), required=False),
-    NestedField(5, "s", StringType(), required=False),
-)
-FILES, ROWS = 8, 20_000
-
-
-def shuffled(seed: int = 7) -> list[pa.Table]:
-    """FILES files of ROWS random rows each: every file spans (nearly) every value of a, b and s."""
-    rng = np.random.default_rng(seed)
-    n = FILES * ROWS
-    a = rng.integers(0, 1_000_000, n)
-    table = pa.table(
-        {
-            "id": pa.array(np.arange(n)),
-            "region": pa.array(["eu"] * n),
-            "a": pa.array(np.where(rng.random(n) < 0.01, None, a).tolist(), pa.int64()),
-            "b": pa.array(rng.random(n) * 1000),
-            "s": pa.array(np.char.add("k", rng.integers(0, 10**6, n).astype(str))),
-        }
-    )
-    return [table.slice(i * ROWS, ROWS) for i in range(FILES)]
-
-
-def multiset(table) -> Counter:
-    return Counter(row_key(r) for r in table.scan().to_arrow().to_pylist())
-
-
-def data_file_list(table) -> list:
-    return [f.data_file for f in live_files(table) if not f.is_delete]
+from tests.lakekit.plan_files import F
+from tests.lakekit.reads import assert_duckdb_reads_what_pyiceberg_reads, data_file_list, local, multiset
+from tests.lakekit.sorted_tables import FILES, make_table, shuffled
 
 
 def spark_local_dir(spark) -> Path:
     """Where a Spark Python worker of this session spills (execution/external_sort.spill_root)."""
     [root] = spark.sparkContext.parallelize([0], 1).map(lambda _: spill_root()).collect()
     return Path(root)
-
-
-def make_table(lake, chunks: list[pa.Table], properties: dict[str, str], sort_order: SortOrder | None = None):
-    kwargs = {"sort_order": sort_order} if sort_order else {}
-    table = lake.catalog.create_table("ns.t", schema=SCHEMA, partition_spec=BY_REGION, **kwargs)
-    append_fragments(table, chunks)
-    with lake.table("ns.t").transaction() as txn:
-        txn.set_properties(properties)
-    return lake.table("ns.t")
 
 
 # ------------------------------------------------------------------ the sort itself, in process

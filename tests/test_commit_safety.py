@@ -2,7 +2,6 @@
 
 import pytest
 
-import compaction_assets.engine.run as engine_module
 from compaction_assets.commit.ledger import StaleAttempt, Status
 from compaction_assets.commit.two_phase import TASK_ID_PROPERTY
 from compaction_assets.config import load_config
@@ -10,6 +9,8 @@ from compaction_assets.engine import Engine
 from compaction_assets.lake.digest import rows_digest
 from compaction_assets.lake.storage import files_with_prefix
 from tests.conftest import batch, create_fragmented, data_files, make_lake, write_config
+from tests.lakekit.crash_points import on_crash_point
+from tests.lakekit.reads import rows
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -17,22 +18,6 @@ def lake(request, tmp_path, spark):
     """Every commit, recovery and concurrency test runs on SQLite and on PostgreSQL."""
     with make_lake(tmp_path, spark, request.param) as lake:
         yield lake
-
-
-def rows(table) -> list[dict]:
-    return sorted(table.scan().to_arrow().to_pylist(), key=lambda r: r["id"])
-
-
-def on_crash_point(monkeypatch, point: str, action) -> None:
-    """Run `action` once when the engine reaches `point` (the fault-injection seam, in-process)."""
-    fired = []
-
-    def hook(name: str) -> None:
-        if name == point and not fired:
-            fired.append(name)
-            action()
-
-    monkeypatch.setattr(engine_module, "crash_point", hook)
 
 
 def attempt_files(attempt) -> list[str]:

@@ -1,8 +1,6 @@
 """Compaction through the engine on real local Spark, a real SQLite catalog and real Parquet files."""
 
 import math
-from collections import Counter
-from urllib.parse import urlparse
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -17,20 +15,9 @@ from compaction_assets.commit.two_phase import ATTEMPT_ID_PROPERTY, TASK_ID_PROP
 from compaction_assets.lake.digest import rows_digest
 from compaction_tools.demo import append_fragments
 from tests.conftest import SCHEMA, batch, create_fragmented, data_files
-from tests.lakekit.duckdb_reader import duckdb_multiset
-from tests.lakekit.oracle import row_key
+from tests.lakekit.reads import assert_duckdb_reads_what_pyiceberg_reads, local
 
 TARGET = 64 * 1024  # the lake fixture's target_file_size_bytes
-
-
-def local(path: str) -> str:
-    return urlparse(path).path
-
-
-def assert_duckdb_reads_what_pyiceberg_reads(table) -> None:
-    """Rule 6: an independent implementation (DuckDB's Iceberg scan) sees the same rows."""
-    pyiceberg_rows = Counter(row_key(r) for r in table.scan().to_arrow().to_pylist())
-    assert duckdb_multiset(table) == pyiceberg_rows
 
 
 def test_two_partitions_of_small_files_compact_to_target_files(lake):

@@ -7,6 +7,8 @@ import sys
 import pytest
 import yaml
 
+from compaction_assets.config import load_config
+from compaction_assets.execution import connect_server
 from compaction_assets.execution.connect_server import SBIN
 from compaction_assets.lake.digest import rows_digest
 from tests.conftest import CLI, create_fragmented, free_port
@@ -26,13 +28,18 @@ def server_config(tmp_path_factory):
     spark = {"mode": "connect", "master": "local[2]", "remote": f"sc://127.0.0.1:{free_port()}", "server_dir": "srv"}
     config.write_text(yaml.safe_dump({"spark": spark}))
     assert server_cli("status", config).returncode == 3
-    started = server_cli("start", config)
-    assert started.returncode == 0, started.stdout + started.stderr
-    assert "running at" in started.stdout
-    yield config
-    stopped = server_cli("stop", config)
-    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
-    assert server_cli("status", config).returncode == 3
+    try:  # from the start on: stopped even if the start fails or Ctrl-C comes meanwhile
+        started = server_cli("start", config)
+        assert started.returncode == 0, started.stdout + started.stderr
+        assert "running at" in started.stdout
+        yield config
+        stopped = server_cli("stop", config)
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert server_cli("status", config).returncode == 3
+    finally:  # the daemonised JVM (its own session) by its pid file's PID, if `stop` did not run or failed
+        spark = load_config(config).spark
+        if connect_server.status(spark).pid is not None:
+            connect_server.stop(spark)
 
 
 def test_compaction_through_spark_connect(lake, server_config):

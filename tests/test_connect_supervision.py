@@ -26,7 +26,8 @@ from compaction_assets.engine import Engine
 from compaction_assets.execution import connect_server
 from compaction_assets.execution.spark import SESSION_ID_FILE, forget_connect_session, spark_session
 from tests.conftest import CLI, Lake, create_fragmented, free_port, write_config
-from tests.test_sensor import Collect
+from tests.lakekit.sensor_ticks import Collect
+from tests.lakekit.waiting import wait_until
 
 START = "compaction-assets spark-server start"
 FAST_S = 30  # "at once", on a machine shared with other test runs
@@ -61,14 +62,16 @@ def connect_lake(root: Path, port: int) -> Lake:
 
 
 def port_closed(port: int, seconds: float = 30) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+    def closed() -> bool:
         with socket.socket() as sock:
             sock.settimeout(0.5)
-            if sock.connect_ex(("127.0.0.1", port)) != 0:
-                return True
-        time.sleep(0.2)
-    return False
+            return sock.connect_ex(("127.0.0.1", port)) != 0
+
+    try:
+        wait_until(closed, seconds, interval=0.2)
+    except AssertionError:
+        return False
+    return True
 
 
 def server_jvms(config: CompactionConfig) -> list[int]:
@@ -92,13 +95,13 @@ def served(tmp_path_factory):
     config = lake.engine.config
     # Two starts at once (an operator and a supervised restart): they take turns, one JVM.
     env = {**os.environ, "COMPACTION_CONFIG": str(lake.config_path)}
-    starts = [
-        subprocess.Popen([*CLI, "spark-server", "start"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        for _ in range(2)
-    ]
-    outs = [p.communicate(timeout=300) for p in starts]
-    started = connect_server.health(config.spark)
-    try:
+    try:  # from the first start on: the server is stopped even if the starts fail or Ctrl-C comes meanwhile
+        starts = [
+            subprocess.Popen([*CLI, "spark-server", "start"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            for _ in range(2)
+        ]
+        outs = [p.communicate(timeout=300) for p in starts]
+        started = connect_server.health(config.spark)
         assert [p.returncode for p in starts] == [0, 0], outs
         assert started.running and started.answering, started.describe()
         assert all(f"(pid {started.pid}" in out.decode() for out, _ in outs), outs

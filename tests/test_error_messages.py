@@ -12,9 +12,12 @@ import pytest
 import yaml
 
 from compaction_assets import faults
+from compaction_assets.config import load_config
+from compaction_assets.execution import connect_server
 from compaction_assets.execution.connect_server import SBIN
 from compaction_assets.reports import print_outcomes
 from tests.conftest import CLI, create_fragmented, free_port
+from tests.lakekit.waiting import wait_until
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
@@ -30,16 +33,17 @@ def web_server() -> Iterator[int]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    deadline = time.monotonic() + 20
-    while True:
+
+    def listening() -> bool:
         with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        assert time.monotonic() < deadline, "http.server did not listen"
-        time.sleep(0.1)
-    yield port
-    server.terminate()
-    server.wait(10)
+            return sock.connect_ex(("127.0.0.1", port)) == 0
+
+    try:
+        wait_until(listening, 20, interval=0.1, message="http.server did not listen")
+        yield port
+    finally:
+        server.terminate()
+        server.wait(10)
 
 
 def connect_config(lake, port: int):  # noqa: ANN001, ANN201
@@ -79,15 +83,20 @@ def test_spark_server_stop_names_the_server_it_stopped(lake):
     if not (SBIN / "start-connect-server.sh").exists():
         pytest.skip("this pyspark wheel ships no Spark Connect server")
     config = connect_config(lake, free_port())
-    started = cli("--config", str(config), "spark-server", "start")
-    assert started.returncode == 0, started.stdout + started.stderr
-    pid = started.stdout.split("(pid ")[1].split(",")[0].split(")")[0]
+    try:
+        started = cli("--config", str(config), "spark-server", "start")
+        assert started.returncode == 0, started.stdout + started.stderr
+        pid = started.stdout.split("(pid ")[1].split(",")[0].split(")")[0]
 
-    stopped = cli("--config", str(config), "spark-server", "stop")
+        stopped = cli("--config", str(config), "spark-server", "stop")
 
-    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
-    assert "stopped the Spark Connect server at sc://127.0.0.1:" in stopped.stdout
-    assert f"(pid {pid})" in stopped.stdout
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert "stopped the Spark Connect server at sc://127.0.0.1:" in stopped.stdout
+        assert f"(pid {pid})" in stopped.stdout
+    finally:  # the daemonised JVM (its own session) if the test ended before its `stop`, by its PID
+        spark = load_config(config).spark
+        if connect_server.status(spark).pid is not None:
+            connect_server.stop(spark)
 
 
 def test_every_config_mistake_is_reported_in_one_pass(tmp_path):

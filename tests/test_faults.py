@@ -2,13 +2,13 @@
 drops mid-flight. After each: recovery as production runs it (Engine.recover, what the recovery
 sensor's run calls), then the invariants against an oracle of acknowledged rows."""
 
+import contextlib
 import json
 import os
 import signal
 import sqlite3
 import subprocess
 import time
-from collections import Counter
 
 from pyiceberg.types import StringType
 
@@ -17,18 +17,9 @@ from compaction_assets.commit.ledger import Status
 from compaction_assets.config import load_config
 from compaction_assets.engine import Engine
 from compaction_assets.lake.digest import row_hashes
-from compaction_tools.reliability import check_invariants
 from tests.conftest import CLI, create_fragmented, data_files, write_config
-
-
-def oracle_of(table) -> Counter:
-    return row_hashes(table.scan().to_arrow().to_pylist())
-
-
-def assert_invariants(lake, table_name: str, oracle: Counter) -> None:
-    report = check_invariants(lake.engine, table_name, oracle)
-    assert report.ok, report
-    assert report.rows_verified == sum(oracle.values())
+from tests.lakekit.reads import assert_invariants, oracle_of
+from tests.lakekit.waiting import wait_until
 
 
 def test_kill_during_planning(lake):
@@ -43,14 +34,19 @@ def test_kill_minus_9_mid_rewrite_is_recovered_at_once(lake):
     oracle = oracle_of(create_fragmented(lake, "ns.t", {"eu": 20, "us": 20}))
     env = {**os.environ, "COMPACTION_CONFIG": str(lake.config_path)}
     process = subprocess.Popen([*CLI, "compact", "ns.t"], env=env, start_new_session=True)
-    deadline = time.monotonic() + 120
-    # mid-run: both partitions' attempts begun (they are begun one after the other: killing at the
-    # first left one to abandon, a race a slow machine lost)
-    while len(lake.engine.ledger.attempts(statuses=[Status.EXECUTING])) < 2:
-        assert time.monotonic() < deadline and process.poll() is None, "the compaction never started"
-        time.sleep(0.2)
-    os.killpg(process.pid, signal.SIGKILL)  # the run process and its JVM
-    process.wait()
+
+    def both_begun() -> bool:
+        assert process.poll() is None, "the compaction never started"
+        return len(lake.engine.ledger.attempts(statuses=[Status.EXECUTING])) >= 2
+
+    try:
+        # mid-run: both partitions' attempts begun (they are begun one after the other: killing at the
+        # first left one to abandon, a race a slow machine lost)
+        wait_until(both_begun, 120, interval=0.2, message="the compaction never started")
+    finally:  # also when the wait fails or is interrupted: its own session, Ctrl-C does not reach it
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)  # the run process and its JVM
+        process.wait()
 
     started = time.monotonic()
     report = lake.engine.recover()

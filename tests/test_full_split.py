@@ -20,12 +20,12 @@ from compaction_assets.lake.delete_files import commit_delete_files, position_de
 from compaction_assets.planning.model import Kind
 from compaction_tools.demo import append_fragments
 from tests.conftest import Lake, batch, create_fragmented, data_files
+from tests.lakekit.dagster_runs import materialization_metadata, run_partition
 from tests.lakekit.duckdb_reader import duckdb_rows
 from tests.lakekit.files import data_of, kinds, rows
+from tests.lakekit.reads import local
+from tests.lakekit.sensor_ticks import requested, tick
 from tests.lakekit.spec_reader import spec_rows
-from tests.test_asset_check import materialization_metadata, run_partition
-from tests.test_compaction import local
-from tests.test_sensor import requested, tick
 
 ORDERED = Schema(NestedField(1, "id", LongType(), required=False), NestedField(2, "payload", StringType(), False))
 
@@ -125,7 +125,7 @@ def test_full_rewrites_every_file_sorted_with_deletes_applied_then_waits_for_the
     assert p.kind is None and "full: next due in" in p.reason, p.reason
     done_ms = int(attempt.finished_at.timestamp() * 1000)
     assert tplan.replan_at_ms == done_ms + interval_ms
-    time.sleep(max(0.0, (tplan.replan_at_ms - time.time() * 1000) / 1000) + 0.1)
+    time.sleep(max(0.0, (tplan.replan_at_ms - time.time() * 1000) / 1000) + 0.1)  # kept: the clock must reach replan_at
     [again] = lake.engine.plan("ns.sorted").to_compact
     assert again.kind == Kind.FULL and "last full rewrite" in again.reason, again.reason
 
@@ -195,7 +195,7 @@ def test_the_sensor_plans_an_unchanged_table_again_when_a_full_rewrite_comes_due
         replan_at = json.loads(first.cursor)["replan_at"]["ns.t"]
         again = tick(lake, instance, cursor=first.cursor)
         assert "0 planned, 1 unchanged" in again.skip_reason.skip_message
-        time.sleep(max(0.0, replan_at - time.time()) + 0.1)
+        time.sleep(max(0.0, replan_at - time.time()) + 0.1)  # kept: the clock must reach replan_at
         due = tick(lake, instance, cursor=again.cursor)
     assert set(requested(due)) == {("ns.t", "region=eu")}
     assert "ns.t" not in json.loads(due.cursor)["replan_at"]  # its one partition is due now, none later

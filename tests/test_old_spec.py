@@ -9,7 +9,7 @@ import math
 import struct
 from collections import Counter
 from collections.abc import Callable
-from datetime import date, datetime, timedelta
+from datetime import date, datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -31,13 +31,11 @@ from pyiceberg.transforms import (
 from pyiceberg.types import (
     DateType,
     DoubleType,
-    IntegerType,
     LongType,
     NestedField,
     StringType,
     StructType,
     TimestampNanoType,
-    TimestampType,
 )
 from pyiceberg.utils.datetime import date_to_days, datetime_to_micros
 
@@ -50,50 +48,21 @@ from compaction_assets.execution.worker import GroupSpec
 from compaction_assets.execution.writers import MAX_BUFFER_BYTES, PartitionedWriter
 from compaction_assets.lake.files import live_files
 from compaction_assets.lake.partition_key import NULL_TOKEN, partition_id
-from compaction_assets.planning.model import Kind
-from compaction_tools.demo import append_fragments
-from tests.lakekit.deletes import commit_delete_files, equality_delete_file, position_delete_file, read_column
+from compaction_assets.planning.planner import Kind
+from tests.lakekit.deletes import commit_delete_files, equality_delete_file, position_delete_file
 from tests.lakekit.duckdb_reader import duckdb_rows
+from tests.lakekit.evolved_specs import (
+    BY_REGION,
+    SCHEMA,
+    assert_partitions_match_rows,
+    evolved_table,
+    make_spec,
+    region_rows,
+    scan_rows,
+    write_by_region,
+)
 from tests.lakekit.oracle import row_key
 from tests.lakekit.spec_reader import spec_rows
-
-SCHEMA = Schema(
-    NestedField(1, "id", LongType(), required=False),
-    NestedField(2, "region", StringType(), required=False),
-    NestedField(3, "cat", IntegerType(), required=False),
-    NestedField(4, "ts", TimestampType(), required=False),
-)
-REGIONS = ["eu", "us", None]
-START = datetime(2024, 1, 30, 12)
-
-
-def _spec(*fields: tuple[int, object, str]) -> PartitionSpec:
-    return PartitionSpec(
-        *(PartitionField(source_id=s, field_id=1000 + i, transform=t, name=n) for i, (s, t, n) in enumerate(fields))
-    )
-
-
-def _rows(start: int, count: int, region: str | None) -> pa.Table:
-    ids = range(start, start + count)
-    return pa.table(
-        {
-            "id": pa.array(ids, pa.int64()),
-            "region": pa.array([region] * count, pa.string()),
-            "cat": pa.array([None if i % 7 == 0 else i % 3 for i in ids], pa.int32()),
-            # two days a row apart, across a month boundary; a NULL now and then
-            "ts": pa.array([None if i % 11 == 0 else START + timedelta(hours=9 * i) for i in ids], pa.timestamp("us")),
-        }
-    )
-
-
-def _write(table: Table, first_id: int, files_per_region: int, rows: int = 12) -> int:
-    batches = []
-    for region in REGIONS:
-        for _ in range(files_per_region):
-            batches.append(_rows(first_id, rows, region))
-            first_id += rows
-    append_fragments(table, batches)
-    return first_id
 
 
 def _add_cat(u: UpdateSpec) -> None:
@@ -122,25 +91,29 @@ def _unpartition(u: UpdateSpec) -> None:
     u.remove_field("region")
 
 
-BY_REGION = _spec((2, IdentityTransform(), "region"))
 # (initial spec, format version, evolution, a filter on the new spec's field, rows it selects)
 EVOLUTIONS: dict[str, tuple[PartitionSpec, int, Callable[[UpdateSpec], None], BooleanExpression | None]] = {
     "added_identity": (BY_REGION, 2, _add_cat, EqualTo("cat", 1)),
-    "removed_field": (_spec((2, IdentityTransform(), "region"), (3, IdentityTransform(), "cat")), 2, _drop_cat, None),
+    "removed_field": (
+        make_spec((2, IdentityTransform(), "region"), (3, IdentityTransform(), "cat")),
+        2,
+        _drop_cat,
+        None,
+    ),
     "removed_field_void_v1": (
-        _spec((2, IdentityTransform(), "region"), (3, IdentityTransform(), "cat")),
+        make_spec((2, IdentityTransform(), "region"), (3, IdentityTransform(), "cat")),
         1,
         _drop_cat,
         None,
     ),
     "day_to_month": (
-        _spec((4, DayTransform(), "ts_day")),
+        make_spec((4, DayTransform(), "ts_day")),
         2,
         _day_to_month,
         GreaterThanOrEqual("ts", "2024-02-01T00:00:00"),
     ),
     "day_to_month_v1": (  # the day field stays, void, beside the month field on the same column
-        _spec((4, DayTransform(), "ts_day")),
+        make_spec((4, DayTransform(), "ts_day")),
         1,
         _day_to_month,
         LessThan("ts", "2024-02-01T00:00:00"),
@@ -167,53 +140,13 @@ def _matches(row: dict, expression: BooleanExpression) -> bool:
     return value < literal
 
 
-def _internal(value: object) -> object:
-    """A value as partition transforms take it (timestamps as microseconds)."""
-    return datetime_to_micros(value) if isinstance(value, datetime) else value
-
-
-def assert_partitions_match_rows(table: Table, only_spec: int | None = None) -> int:
-    """Every live data file (or every one of spec `only_spec`) is of the current spec, and each of its
-    rows' values under that spec's transforms (pyiceberg's Python transforms, not the Arrow ones the
-    rewrite used) are its partition tuple. Returns the number of files checked."""
-    spec, schema = table.spec(), table.schema()
-    files = [f.data_file for f in live_files(table) if not f.is_delete]
-    files = [f for f in files if only_spec is None or f.spec_id == only_spec]
-    for data_file in files:
-        assert data_file.spec_id == spec.spec_id, f"{data_file.file_path} is of spec {data_file.spec_id}"
-        for position, partition_field in enumerate(spec.fields):
-            source = schema.find_field(partition_field.source_id)
-            transform = partition_field.transform.transform(source.field_type)
-            values = {transform(_internal(v)) for v in read_column(table, data_file, source.field_id, source.name)}
-            assert values == {data_file.partition[position]}, (
-                f"{data_file.file_path}: {partition_field.name}={data_file.partition[position]!r} holds {values}"
-            )
-    return len(files)
-
-
-def _scan_rows(table: Table, row_filter: BooleanExpression | None = None) -> Counter:
-    scan = table.scan(row_filter=row_filter) if row_filter is not None else table.scan()
-    return Counter(row_key(r) for r in scan.to_arrow().to_pylist())
-
-
-def _evolved_table(lake) -> tuple[Table, Counter]:
-    """ns.t: files by region, then identity(cat) added; returns the table and its rows."""
-    table = lake.catalog.create_table("ns.t", schema=SCHEMA, partition_spec=BY_REGION)
-    _write(table, 0, files_per_region=2)
-    table = lake.table("ns.t")
-    with table.update_spec() as update:
-        update.add_identity("cat")
-    table = lake.table("ns.t")
-    return table, _scan_rows(table)
-
-
 @pytest.mark.parametrize("evolution", sorted(EVOLUTIONS))
 def test_old_spec_files_are_rewritten_into_the_current_spec(lake, evolution):
     initial, version, evolve, row_filter = EVOLUTIONS[evolution]
     table = lake.catalog.create_table(
         "ns.t", schema=SCHEMA, partition_spec=initial, properties={"format-version": str(version)}
     )
-    next_id = _write(table, 0, files_per_region=2)
+    next_id = write_by_region(table, 0, files_per_region=2)
     old_spec = table.spec().spec_id
     with table.update_spec() as update:
         evolve(update)
@@ -222,11 +155,11 @@ def test_old_spec_files_are_rewritten_into_the_current_spec(lake, evolution):
     # fields on one column, as the v1 day -> month spec has)
     new_files = evolution != "day_to_month_v1"
     if new_files:
-        _write(table, next_id, files_per_region=1)
+        write_by_region(table, next_id, files_per_region=1)
     table = lake.table("ns.t")
     current = table.spec().spec_id
     assert current != old_spec
-    expected = _scan_rows(table)
+    expected = scan_rows(table)
     assert sum(expected.values()) == 12 * 3 * (3 if new_files else 2)
 
     plans = lake.engine.plan("ns.t").partitions
@@ -241,7 +174,7 @@ def test_old_spec_files_are_rewritten_into_the_current_spec(lake, evolution):
     assert all(o.ok for o in outcomes), [(o.partition_key, o.reason) for o in outcomes]
 
     table = lake.table("ns.t")
-    assert _scan_rows(table) == expected
+    assert scan_rows(table) == expected
     assert Counter(row_key(r) for r in duckdb_rows(table)) == expected
     assert Counter(row_key(r) for r in spec_rows(table)) == expected
     assert assert_partitions_match_rows(table) > 0
@@ -256,14 +189,14 @@ def test_old_spec_files_are_rewritten_into_the_current_spec(lake, evolution):
         tasks = list(table.scan(row_filter=row_filter).plan_files())
         assert 0 < len(tasks) < len([f for f in live_files(table) if not f.is_delete])
         want = Counter({k: n for k, n in expected.items() if _matches(dict(k), row_filter)})
-        assert _scan_rows(table, row_filter) == want and want
+        assert scan_rows(table, row_filter) == want and want
 
 
 def test_old_spec_rewrite_applies_the_deletes_of_its_files(lake):
     """Position and equality deletes of an old-spec partition are applied by the rewrite and
     removed with it; rows moved to the new spec's partitions are exactly the live ones."""
     table = lake.catalog.create_table("ns.t", schema=SCHEMA, partition_spec=BY_REGION)
-    _write(table, 0, files_per_region=2)
+    write_by_region(table, 0, files_per_region=2)
     table = lake.table("ns.t")
     eu = sorted((f.data_file for f in live_files(table) if f.partition_key == "region=eu"), key=lambda f: f.file_path)
     commit_delete_files(table, [position_delete_file(table, eu[0], [0, 5])])
@@ -287,14 +220,14 @@ def test_old_spec_rewrite_applies_the_deletes_of_its_files(lake):
     assert not [f for f in live_files(table) if f.is_delete]
     assert Counter(row_key(r) for r in spec_rows(table)) == expected
     assert Counter(row_key(r) for r in duckdb_rows(table)) == expected
-    assert _scan_rows(table) == expected
+    assert scan_rows(table) == expected
     assert_partitions_match_rows(table)
 
 
 def test_equality_delete_added_after_the_base_in_the_old_partition_makes_the_rewrite_back_off(lake):
     """An equality delete committed meanwhile in the old partition would apply to the replaced rows
     but not to their new files (another partition): the commit must give way, not resurrect rows."""
-    table, _ = _evolved_table(lake)
+    table, _ = evolved_table(lake)
     some = next(f.data_file for f in live_files(table) if f.partition_key == "spec-0:region=us")
 
     def concurrent_delete() -> None:
@@ -317,7 +250,7 @@ def test_equality_delete_added_after_the_base_in_the_old_partition_makes_the_rew
 
 def test_old_spec_rewrite_is_off_with_the_table_property(lake):
     table = lake.catalog.create_table("ns.t", schema=SCHEMA, partition_spec=BY_REGION)
-    _write(table, 0, files_per_region=1)
+    write_by_region(table, 0, files_per_region=1)
     table = lake.table("ns.t")
     with table.transaction() as txn:
         txn.update_spec().add_identity("cat").commit()
@@ -342,7 +275,7 @@ def _crash_at(lake, point: str, partition: str) -> None:  # noqa: ANN001
 
 
 def test_crash_before_prepare_is_abandoned_and_its_files_in_every_new_partition_swept(lake):
-    table, expected = _evolved_table(lake)
+    table, expected = evolved_table(lake)
     _crash_at(lake, "after_rewrite", "spec-0:region=eu")
     [attempt] = lake.engine.ledger.attempts(table_name="ns.t", statuses=[Status.EXECUTING])
     written = _attempt_files(table, attempt.attempt_id)
@@ -352,13 +285,13 @@ def test_crash_before_prepare_is_abandoned_and_its_files_in_every_new_partition_
     assert report.abandoned == [attempt.attempt_id] and not report.errors
     assert _attempt_files(table, attempt.attempt_id) == []
     table = lake.table("ns.t")
-    assert _scan_rows(table) == expected
+    assert scan_rows(table) == expected
     assert [p.kind for p in lake.engine.plan("ns.t", "spec-0:region=eu").partitions] == [Kind.OLD_SPEC]
 
 
 @pytest.mark.parametrize("point", ["after_prepare", "after_iceberg_commit"])
 def test_crash_after_prepare_is_recommitted_or_confirmed_with_each_files_spec_and_partition(lake, point):
-    table, expected = _evolved_table(lake)
+    table, expected = evolved_table(lake)
     current = table.spec().spec_id
     _crash_at(lake, point, "spec-0:region=us")
     [attempt] = lake.engine.ledger.attempts(table_name="ns.t", statuses=[Status.PREPARED])
@@ -370,7 +303,7 @@ def test_crash_after_prepare_is_recommitted_or_confirmed_with_each_files_spec_an
     report = recover(lake.engine.catalog, lake.engine.ledger, 0)
     assert (report.recommitted if point == "after_prepare" else report.confirmed) == [attempt.attempt_id]
     table = lake.table("ns.t")
-    assert _scan_rows(table) == expected
+    assert scan_rows(table) == expected
     assert Counter(row_key(r) for r in duckdb_rows(table)) == expected
     assert not [f for f in live_files(table) if f.partition_key == "spec-0:region=us"]
     assert_partitions_match_rows(lake.table("ns.t"), only_spec=current)
@@ -428,7 +361,7 @@ def test_rows_are_split_into_their_partitions_each_exactly_once():
 
 
 def test_cli_plan_shows_old_spec_with_its_reason(lake):
-    _evolved_table(lake)
+    evolved_table(lake)
     shown = lake.cli("plan", "ns.t")
     assert shown.returncode == 0, shown.stderr
     [line] = [ln for ln in shown.stdout.splitlines() if ln.startswith("spec-0:region=eu ")]
@@ -438,7 +371,7 @@ def test_cli_plan_shows_old_spec_with_its_reason(lake):
 def test_partitioned_writer_keeps_all_partitions_buffers_within_one_row_group_budget(lake):
     """Many output partitions (bucket 16) and batches of several MiB: the buffers of all the
     partitions' writers together never exceed MAX_BUFFER_BYTES; every row is written once."""
-    spec = _spec((1, BucketTransform(16), "id_bucket"))
+    spec = make_spec((1, BucketTransform(16), "id_bucket"))
     table = lake.catalog.create_table("ns.w", schema=SCHEMA, partition_spec=spec)
     group = GroupSpec(
         sources=[],
@@ -453,7 +386,7 @@ def test_partitioned_writer_keeps_all_partitions_buffers_within_one_row_group_bu
     writer = PartitionedWriter(table.io, table.metadata, group, 64 * 2**20, 0)
     rows = 0
     for n in range(12):
-        arrow = _rows(n * 40_000, 40_000, "x" * 100)  # ~4 MiB a batch
+        arrow = region_rows(n * 40_000, 40_000, "x" * 100)  # ~4 MiB a batch
         writer.write(writer.convert(arrow.to_batches()[0]))
         rows += arrow.num_rows
         assert sum(w.buffered for w in writer._writers.values()) <= MAX_BUFFER_BYTES
@@ -465,9 +398,9 @@ def test_partitioned_writer_keeps_all_partitions_buffers_within_one_row_group_bu
 def test_an_old_spec_whose_source_column_was_dropped_is_rewritten(lake):
     """Another engine removed cat from the spec, then dropped the column: the old spec's files are
     read under their own spec (its field's source is gone from the current schema) and rewritten."""
-    both = _spec((2, IdentityTransform(), "region"), (3, IdentityTransform(), "cat"))
+    both = make_spec((2, IdentityTransform(), "region"), (3, IdentityTransform(), "cat"))
     table = lake.catalog.create_table("ns.t", schema=SCHEMA, partition_spec=both)
-    _write(table, 0, files_per_region=1)
+    write_by_region(table, 0, files_per_region=1)
     with lake.table("ns.t").update_spec() as update:
         update.remove_field("cat")
     with lake.table("ns.t").update_schema() as update:
@@ -495,7 +428,7 @@ def _objects(s3, table: Table, attempt_id: str) -> list[str]:
 
 
 def test_old_spec_on_s3_writes_each_partitions_folder_and_sweeps_an_abandoned_attempt(s3_lake, s3_server):
-    table, expected = _evolved_table(s3_lake)
+    table, expected = evolved_table(s3_lake)
     _crash_at(s3_lake, "after_rewrite", "spec-0:region=eu")
     [attempt] = s3_lake.engine.ledger.attempts(table_name="ns.t", statuses=[Status.EXECUTING])
     assert len(_objects(s3_server, table, attempt.attempt_id)) == 4
@@ -506,7 +439,7 @@ def test_old_spec_on_s3_writes_each_partitions_folder_and_sweeps_an_abandoned_at
 
     assert {(o.kind, o.status) for o in outcomes} == {("old-spec", "committed")}
     table = s3_lake.table("ns.t")
-    assert _scan_rows(table) == expected
+    assert scan_rows(table) == expected
     assert Counter(row_key(r) for r in duckdb_rows(table)) == expected
     assert assert_partitions_match_rows(table) == 12  # (eu, us, NULL) x (cat 0, 1, 2, NULL)
     assert {f.path.rsplit("/", 2)[1] for f in live_files(table)} == {"cat=0", "cat=1", "cat=2", f"cat={NULL_TOKEN}"}
@@ -516,7 +449,7 @@ def test_an_identity_partition_of_nanosecond_timestamps_holds_their_nanoseconds(
     # pyarrow gives a nanosecond value to Python only through pandas (pd.Timestamp, which pyiceberg
     # kept as the partition value): the record holds the nanoseconds since the epoch, as Iceberg's do
     schema = Schema(NestedField(1, "id", LongType()), NestedField(2, "at", TimestampNanoType()))
-    spec = _spec((2, IdentityTransform(), "at"))
+    spec = make_spec((2, IdentityTransform(), "at"))
     at = [1_700_000_000_000_001_001, -999, None, 1_700_000_000_000_001_001]
     batch = pa.record_batch({"id": pa.array(range(4), pa.int64()), "at": pa.array(at, pa.timestamp("ns"))})
     parts = {record[0]: rows.column("id").to_pylist() for record, rows in split_by_partition(batch, spec, schema)}

@@ -6,7 +6,7 @@ import logging
 from collections import Counter
 
 import pytest
-from dagster import AddDynamicPartitionsRequest, DeleteDynamicPartitionsRequest, build_sensor_context, instance_for_test
+from dagster import AddDynamicPartitionsRequest, DeleteDynamicPartitionsRequest, build_sensor_context
 from pyiceberg.partitioning import PartitionSpec
 
 from compaction_assets.config import load_config
@@ -14,16 +14,17 @@ from compaction_assets.defs.build import build_definitions, table_job
 from compaction_assets.defs.naming import op_name
 from compaction_assets.defs.resources import CompactionResource
 from tests.lakekit.duckdb_reader import duckdb_rows
+from tests.lakekit.evolved_specs import (
+    BY_REGION,
+    SCHEMA,
+    assert_partitions_match_rows,
+    evolved_table,
+    scan_rows,
+    write_by_region,
+)
 from tests.lakekit.oracle import row_key
-from tests.test_old_spec import BY_REGION, SCHEMA, _evolved_table, _scan_rows, _write, assert_partitions_match_rows
 
 PARTITIONS = "lake__ns__t"
-
-
-@pytest.fixture
-def instance():
-    with instance_for_test() as instance:
-        yield instance
 
 
 def _tick(lake, instance, cursor=None):  # noqa: ANN001, ANN202
@@ -49,7 +50,7 @@ def _tick(lake, instance, cursor=None):  # noqa: ANN001, ANN202
 
 
 def test_old_spec_partition_materialises_as_old_spec_and_its_key_gives_way_to_the_new_ones(lake, instance):
-    _, expected = _evolved_table(lake)
+    _, expected = evolved_table(lake)
     result, added, _ = _tick(lake, instance)
     old_keys = {"spec-0:region=eu", "spec-0:region=us", "spec-0:region=__HIVE_DEFAULT_PARTITION__"}
     assert added == old_keys
@@ -71,7 +72,7 @@ def test_old_spec_partition_materialises_as_old_spec_and_its_key_gives_way_to_th
     assert check.passed, check.metadata
 
     table = lake.table("ns.t")
-    assert _scan_rows(table) == expected
+    assert scan_rows(table) == expected
     assert Counter(row_key(r) for r in duckdb_rows(table)) == expected
     assert assert_partitions_match_rows(table, only_spec=table.spec().spec_id) == 4
 
@@ -111,11 +112,11 @@ def test_a_table_that_changes_between_partitioned_and_unpartitioned(lake, instan
     table = lake.catalog.create_table(
         "ns.t", schema=SCHEMA, partition_spec=PartitionSpec() if to_partitioned else BY_REGION
     )
-    _write(table, 0, files_per_region=2)
+    write_by_region(table, 0, files_per_region=2)
     stale = build_definitions(load_config(lake.config_path))
     with lake.table("ns.t").update_spec() as update:
         update.add_identity("region") if to_partitioned else update.remove_field("region")
-    expected = _scan_rows(lake.table("ns.t"))
+    expected = scan_rows(lake.table("ns.t"))
 
     result, logs = _logged_tick(lake, instance, stale)
     became = "partitioned" if to_partitioned else "unpartitioned"
@@ -148,6 +149,6 @@ def test_a_table_that_changes_between_partitioned_and_unpartitioned(lake, instan
     [check] = run.get_asset_check_evaluations()
     assert check.passed, check.metadata
     table = lake.table("ns.t")
-    assert _scan_rows(table) == expected
+    assert scan_rows(table) == expected
     assert Counter(row_key(r) for r in duckdb_rows(table)) == expected
     assert assert_partitions_match_rows(table) == 3  # a file per region, or per old partition

@@ -7,7 +7,7 @@ from compaction_assets.execution.packing import pack_tasks
 from compaction_assets.lake.delete_files import commit_delete_files, position_delete_file
 from compaction_assets.lake.digest import rows_digest
 from tests.conftest import create_fragmented
-from tests.test_rewrite_paths import _job
+from tests.lakekit.jobs import rewrite_job
 
 
 def test_packable_groups_share_tasks_of_at_most_task_bytes_largest_first():
@@ -31,7 +31,7 @@ def test_other_groups_keep_a_task_each_and_the_biggest_task_comes_first():
 
 def test_the_engine_packs_the_polars_groups_of_a_run(lake):
     create_fragmented(lake, "ns.layout", {"eu": 10, "us": 10, "asia": 10})
-    assert _job(lake.engine, "ns.layout").tasks == [[0, 1, 2]]
+    assert rewrite_job(lake.engine, "ns.layout").tasks == [[0, 1, 2]]
 
     create_fragmented(lake, "ns.layout_apart", {"eu": 10, "us": 10})
     config = lake.engine.config
@@ -40,7 +40,7 @@ def test_the_engine_packs_the_polars_groups_of_a_run(lake):
         catalog=lake.catalog,
         ledger=lake.engine.ledger,
     )
-    assert sorted(_job(apart, "ns.layout_apart").tasks) == [[0], [1]]
+    assert sorted(rewrite_job(apart, "ns.layout_apart").tasks) == [[0], [1]]
 
 
 def test_groups_sharing_a_task_each_commit_their_own_partition(lake):
@@ -69,7 +69,7 @@ def test_groups_sharing_a_task_each_commit_their_own_partition(lake):
 def test_polars_groups_on_object_storage_keep_a_task_each(s3_lake):
     create_fragmented(s3_lake, "ns.remote", {"eu": 10, "us": 10})
 
-    job = _job(s3_lake.engine, "ns.remote")
+    job = rewrite_job(s3_lake.engine, "ns.remote")
 
     assert [g.polars for g in job.groups] == [True, True]
     assert sorted(job.tasks) == [[0], [1]]
@@ -80,7 +80,7 @@ def test_polars_groups_with_delete_files_keep_a_task_each(lake):
     eu = [t.file for t in table.scan().plan_files() if t.file.partition[0] == "eu"]
     commit_delete_files(table, [position_delete_file(table, eu[0], [0, 1])])
 
-    job = _job(lake.engine, "ns.mor")
+    job = rewrite_job(lake.engine, "ns.mor")
 
     with_deletes = [i for i, g in enumerate(job.groups) if g.deletes]
     assert all(g.polars for g in job.groups) and len(with_deletes) == 1

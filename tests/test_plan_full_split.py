@@ -7,7 +7,7 @@ import pytest
 from compaction_assets.planning.model import FullClock, Kind
 from compaction_assets.planning.planner import plan_partition, plan_table
 from compaction_assets.planning.policy import Policy
-from tests.test_planner import KB, POLICY, F, fragments, pos_delete
+from tests.lakekit.plan_files import KB, POLICY, F, fragments, pos_delete
 
 HOUR = 3_600_000
 FULL = Policy(target_file_size_bytes=800 * KB, max_group_bytes=4000 * KB, full_trigger_interval_ms=HOUR)

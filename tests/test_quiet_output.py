@@ -12,8 +12,7 @@ import urllib.request
 from compaction_assets.config import load_config
 from compaction_assets.defs.sensors import COMPACTED_ASSETS
 from tests.conftest import free_port
-from tests.lakekit.demo_process import answers, start_demo
-from tests.test_demo_process import FIXED_COST, kill_demo, wait_for
+from tests.lakekit.demo_process import FIXED_COST, answers, kill_demo, start_demo, wait_for
 
 PREVENTED = (
     "SupersessionWarning",

@@ -12,7 +12,6 @@ from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType
 
-from compaction_assets.engine import Engine
 from compaction_assets.execution.polars_rewrite import decoded_row_bytes, held_row_bytes, local_path
 from compaction_assets.execution.polars_storage import (
     MAX_CONCURRENT_SCANS,
@@ -22,21 +21,13 @@ from compaction_assets.execution.polars_storage import (
     scan_concurrency,
 )
 from compaction_assets.execution.source_reader import SourceReader
-from compaction_assets.execution.worker import RewriteJob, rewrite_group
+from compaction_assets.execution.worker import rewrite_group
 from compaction_assets.execution.writers import RollingWriter
-from compaction_assets.lake.catalog import load_table
 from compaction_assets.lake.datafile_codec import decode_partition
 from compaction_assets.lake.digest import rows_digest
 from compaction_tools.demo import append_fragments
 from tests.conftest import create_fragmented, data_files
-
-
-def _job(engine: Engine, table_name: str) -> RewriteJob:
-    """The rewrite job the engine would send to Spark for `table_name` (attempts begun in the ledger)."""
-    table = load_table(engine.catalog, table_name)
-    tplan, files = engine._plan(table, table_name, None)
-    _, job, _, _, _ = engine._begin(table, table_name, tplan, files, tplan.to_compact, (None, len(tplan.to_compact)))
-    return RewriteJob.from_json(job.to_json())
+from tests.lakekit.jobs import rewrite_job
 
 
 def _rows(table) -> list[dict]:
@@ -99,7 +90,7 @@ def test_files_of_an_older_schema_are_projected_the_rest_scanned_in_bulk(lake):
     assert len(old_paths) == 6
     expected = _rows(table)
 
-    job = _job(lake.engine, "ns.grown")
+    job = rewrite_job(lake.engine, "ns.grown")
     [group] = job.groups
     metadata = table.metadata
     writer = RollingWriter(table.io, metadata, decode_partition(group.partition), group, 1 << 30, 0)
@@ -184,7 +175,7 @@ def test_a_polars_panic_falls_back_to_the_arrow_path_with_every_row(lake, monkey
     Exception): the group goes through the Arrow path instead, and keeps its rows."""
     table = create_fragmented(lake, "ns.panic", {"eu": 12})
     expected = _rows(table)
-    job = _job(lake.engine, "ns.panic")
+    job = rewrite_job(lake.engine, "ns.panic")
     monkeypatch.setenv(SCAN_VARIABLES[0], "not-a-number")
 
     outcome = rewrite_group(job, 0)

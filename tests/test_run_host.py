@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from compaction_assets.dagster_host.protocol import SOCKET_NAME
 from compaction_assets.lake.catalog import open_catalog
 from compaction_tools.bench.fixed_cost import trivial_table
 from tests.conftest import REPO, write_config
+from tests.lakekit.waiting import wait_until
 
 DAGSTER_YAML = """telemetry: {enabled: false}
 run_launcher:
@@ -52,8 +52,13 @@ def start_host(home: Path) -> subprocess.Popen:
     host = subprocess.Popen(
         [sys.executable, "-m", "compaction_assets.dagster_host"], cwd=home, stdout=log, stderr=subprocess.STDOUT
     )
-    wait(lambda: (home / SOCKET_NAME).exists() or host.poll() is not None, 120, "the run host to listen")
-    assert host.poll() is None, (home / "host.log").read_text()
+    try:
+        wait(lambda: (home / SOCKET_NAME).exists() or host.poll() is not None, 120, "the run host to listen")
+        assert host.poll() is None, (home / "host.log").read_text()
+    except BaseException:  # a host that never listened (or Ctrl-C meanwhile) is not left running
+        host.kill()
+        host.wait(30)
+        raise
     return host
 
 
@@ -68,10 +73,7 @@ def launch(home: Path, table: str) -> str:
 
 
 def wait(condition, seconds: float, what: str) -> None:  # noqa: ANN001
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.5)
+    wait_until(condition, seconds, interval=0.5, message=f"timed out waiting for {what}")
 
 
 def finished(run_id: str, seconds: float = 300):  # noqa: ANN201
@@ -125,7 +127,11 @@ def test_runs_fork_from_the_warm_host_terminate_and_fall_back(home: Path):
         wait(lambda: health(instance.get_run_by_id(run_id)).status == WorkerStatus.FAILED, 30, "FAILED health")
     finally:
         host.send_signal(signal.SIGTERM)
-        host.wait(30)
+        try:
+            host.wait(30)
+        except subprocess.TimeoutExpired:
+            host.kill()
+            raise
     assert not (home / SOCKET_NAME).exists()
     # nothing the runs started outlives them (a local JVM interrupted before its driver connected did)
     wait(lambda: not working_in(home), 30, f"processes working in {home} to exit: {working_in(home)}")

@@ -4,21 +4,17 @@ with paged listings, and credentials that never reach any output."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
 import socket
 import sqlite3
 import subprocess
-import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import boto3
 import pytest
 import yaml
 from dagster import instance_for_test
@@ -34,12 +30,11 @@ from compaction_assets.lake.digest import row_hashes, rows_digest
 from compaction_assets.lake.files import live_files
 from compaction_assets.lake.storage import files_with_prefix
 from compaction_tools import local_s3
-from compaction_tools.local_s3 import LocalS3
 from compaction_tools.reliability import check_invariants
 from tests.conftest import CLI, REPO, SCHEMA, batch, create_fragmented, data_files, free_port, write_config
+from tests.lakekit.demo_process import FIXED_COST, answers, asset_keys, closed_soon, kill_demo, wait_for
 from tests.lakekit.duckdb_reader import duckdb_multiset
 from tests.lakekit.oracle import row_key
-from tests.test_demo_process import FIXED_COST, answers, asset_keys, closed_soon, kill_demo, wait_for
 
 CREDENTIALS = (local_s3.ACCESS_KEY, local_s3.SECRET_KEY)
 
@@ -184,7 +179,7 @@ def test_gc_pages_through_thousands_of_orphans_and_deletes_nothing_outside_the_t
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda key: client.put_object(Bucket=s3_server.bucket, Key=key, Body=b"x"), orphans | outside))
     live = {object_key(s3_server, f.path) for f in live_files(table)}
-    time.sleep(1.1)  # moto's LastModified has whole seconds; the grace below is 0 ms
+    time.sleep(1.1)  # kept: time must pass; moto's LastModified has whole seconds; the grace below is 0 ms
     with table.transaction() as txn:
         txn.set_properties({"compaction.gc.orphan-grace-ms": "0"})
 
@@ -281,43 +276,6 @@ def test_demo_s3_without_moto_names_the_extra_to_install(tmp_path):
     assert run.returncode == 2, run.stdout + run.stderr
     assert "pip install -e '.[s3]'" in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
     assert not (tmp_path / ".lake").exists()  # nothing was created
-
-
-@pytest.fixture
-def s3_with_auth(tmp_path) -> Iterator[LocalS3]:
-    """moto's server in a process of its own that checks request signatures (after its first 4
-    requests, which create an IAM user with an access key and an allow-all policy, and the bucket)."""
-    port = free_port()
-    env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "4"}
-    server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
-            assert time.monotonic() < deadline and server.poll() is None, "moto server did not start"
-            time.sleep(0.2)
-        anyone = LocalS3(endpoint=f"http://127.0.0.1:{port}", bucket="lake", access_key="setup", secret_key="setup")
-        iam = boto3.client(
-            "iam",
-            endpoint_url=anyone.endpoint,
-            region_name=anyone.region,
-            aws_access_key_id="setup",
-            aws_secret_access_key="setup",
-        )
-        iam.create_user(UserName="lake")
-        key = iam.create_access_key(UserName="lake")["AccessKey"]
-        policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
-        iam.put_user_policy(UserName="lake", PolicyName="all", PolicyDocument=json.dumps(policy))
-        s3 = LocalS3(anyone.endpoint, "lake", access_key=key["AccessKeyId"], secret_key=key["SecretAccessKey"])
-        s3.client().create_bucket(Bucket="lake")
-        yield s3
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 def test_wrong_secret_key_is_one_clear_line_naming_table_and_endpoint_not_the_secret(tmp_path, s3_with_auth):

@@ -302,7 +302,7 @@ def fetches(monkeypatch) -> dict:  # noqa: ANN001
             seen["max"] = max(seen["max"], seen["now"])
             seen["max_bytes"] = max(seen["max_bytes"], seen["bytes"])
         try:
-            time.sleep(0.02)
+            time.sleep(0.02)  # kept: the simulated latency whose overlap is measured
             return real(io, location)
         finally:
             with lock:

@@ -22,6 +22,7 @@ from compaction_assets.execution import connect_server
 from compaction_assets.process_groups import alive, descendants
 from tests.conftest import CLI, free_port, postgres_schema
 from tests.lakekit.demo_process import answers
+from tests.lakekit.waiting import wait_until
 
 STOP_BOUND_S = 10.0
 PASSWORD = "pw-s3cret-value"
@@ -130,11 +131,12 @@ def asset_keys(ui: str) -> list[list[str]]:
 
 
 def wait_for(condition, seconds: float, what: str, log: Path) -> None:  # noqa: ANN001
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} within {seconds}s; output:\n{log.read_text()[-4000:]}")
-        time.sleep(0.5)
+    wait_until(
+        condition,
+        seconds,
+        interval=0.5,
+        message=lambda: f"{what} within {seconds}s; output:\n{log.read_text()[-4000:]}",
+    )
 
 
 def stop_and_time(process: subprocess.Popen, pids: set[int], signum: int, to_group: bool) -> float:
@@ -215,6 +217,11 @@ def test_serve_runs_the_stack_on_your_own_lake_and_a_signal_stops_it_within_10s(
         assert not answers(f"{ui}/server_info") and not connect_server.status(spark).listening
         assert connect_server.status(spark).dead_pid is None  # stopped on purpose: not reported as died
     finally:
+        # also when interrupted (Ctrl-C) before the stack's pids were known: serve's tree, and the
+        # Spark Connect JVM it started (daemonised, its own session), stopped by its pid file's PID
+        pids |= process_tree(serve.pid)
         if serve.poll() is None:
             serve.kill()
         kill_all(pids)
+        if connect_server.status(spark).pid is not None:
+            connect_server.stop(spark)

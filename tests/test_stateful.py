@@ -9,7 +9,7 @@ runs seeded chunks of histories (25 steps each) until the time is up and prints 
 and found: histories, steps, per-rule counts, crashes and races injected, compaction outcomes, rows
 checked, and rows lost / duplicated / resurrected. To explore past a known failure, STATEFUL_SKIP
 turns steps into no-ops (see tests/stateful/machine.py); CI never sets it. A failure prints the
-minimal history: keep it in tests/test_regressions_found.py.
+minimal history: keep it in tests/test_stateful_minimal_histories.py.
 
 STATEFUL_STORAGE=s3 runs the same machine with each history's warehouse on the local S3 server
 (moto, the session's `s3_server`); the default, local, keeps it in a local folder:
@@ -21,6 +21,7 @@ import os
 import time
 from collections import Counter
 
+import pytest
 from hypothesis import HealthCheck, seed, settings
 from hypothesis.stateful import run_state_machine_as_test
 
@@ -37,6 +38,8 @@ CI = settings(
 )
 
 
+# a long run (STATEFUL_MINUTES) gets its minutes on top of the suite's default per-test timeout
+@pytest.mark.timeout(900 + 60 * float(os.environ.get("STATEFUL_MINUTES", "0")))
 def test_random_table_histories_keep_every_row(spark, tmp_path, request):
     TableHistory.spark, TableHistory.root = spark, tmp_path
     TableHistory.s3 = request.getfixturevalue("s3_server") if STORAGE == "s3" else None

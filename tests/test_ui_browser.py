@@ -7,7 +7,6 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from compaction_assets.defs.build import build_definitions, table_job
 from compaction_assets.engine import Engine
 from compaction_tools.demo import claim_demo_catalog, create_demo_lake
 from tests.conftest import REPO, free_port, venv_bin
+from tests.lakekit.waiting import wait_until
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # Without the background-networking flags Chromium keeps dialling out on this closed network.
@@ -72,19 +72,25 @@ def demo_ui(tmp_path_factory, spark):
         start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
+
+    def up() -> bool:
         try:
             with urllib.request.urlopen(f"{url}/server_info", timeout=5) as response:
-                if response.status == 200:
-                    break
+                return response.status == 200
         except OSError:
-            time.sleep(1)
-    else:
-        raise AssertionError(f"dagster dev did not come up; see {root / 'dagster-dev.log'}")
-    yield url
-    os.killpg(server.pid, signal.SIGTERM)
-    server.wait(timeout=60)
+            return False
+
+    try:  # stopped however the wait ends (not up, Ctrl-C): its own session, Ctrl-C does not reach it
+        wait_until(up, 180, interval=1, message=f"dagster dev did not come up; see {root / 'dagster-dev.log'}")
+        yield url
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(timeout=10)
+            raise  # a server that outlived SIGTERM is still an error, as before
 
 
 def screenshot_dirs(tmp_path: Path) -> list[Path]:

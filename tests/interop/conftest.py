@@ -38,8 +38,10 @@ def java(tmp_path_factory) -> Iterator[JavaIceberg]:
         session = JavaIceberg(log)
     except (JavaError, OSError) as exc:
         _skip_or_fail(f"Iceberg Java could not start: {exc}")
-    yield session
-    session.close()
+    try:  # the Java driver and its JVM (their own session: Ctrl-C does not reach them) stopped at teardown
+        yield session
+    finally:
+        session.close()
 
 
 @dataclass

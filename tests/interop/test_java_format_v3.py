@@ -26,27 +26,7 @@ from compaction_assets.planning.model import Kind
 from tests.interop.checks import assert_rows, compaction_snapshots
 from tests.interop.conftest import SharedLake
 from tests.interop.race import RACE_AT, raced
-from tests.interop.test_java_tables import DELETE_TIER, MOR, Writer, compact, seed_for
-
-LINEAGE = "id, _row_id, _last_updated_sequence_number"
-
-
-def create_v3(lake: SharedLake, name: str, partitioned_by: str, properties: dict[str, str] | None = None) -> Writer:
-    props = {"format-version": "3", **MOR, **(properties or {})}
-    tbl = ", ".join(f"'{k}'='{v}'" for k, v in props.items())
-    lake.sql(
-        f"CREATE TABLE {{c}}.{name} (id bigint, ts timestamp, payload string, amount double) USING iceberg "
-        f"{f'PARTITIONED BY ({partitioned_by})' if partitioned_by else ''} TBLPROPERTIES ({tbl})"
-    )
-    return Writer(lake, name)
-
-
-def lineage(lake: SharedLake, name: str) -> dict[int, tuple[int, int]]:
-    """id -> (_row_id, _last_updated_sequence_number) as Java reads them."""
-    rows = lake.sql(f"SELECT {LINEAGE} FROM {{c}}.{name}")
-    found = {r["id"]: (r["_row_id"], r["_last_updated_sequence_number"]) for r in rows}
-    assert len(found) == len(rows), "ids are unique in these tables"
-    return found
+from tests.interop.tables import DELETE_TIER, Writer, compact, create_v3, lineage, seed_for
 
 
 def delete_and_update(w: Writer) -> None:

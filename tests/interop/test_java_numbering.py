@@ -16,8 +16,7 @@ from compaction_assets.commit.recovery import recover
 from compaction_assets.lake.features import V3_MANIFEST_REASON
 from tests.interop.checks import assert_rows
 from tests.interop.conftest import SharedLake
-from tests.interop.test_java_format_v3 import create_v3, lineage
-from tests.interop.test_java_tables import Writer, create
+from tests.interop.tables import Writer, create, create_v3, lineage
 from tests.lakekit.races import in_commit
 
 

@@ -8,7 +8,6 @@ Run alone: `.venv/bin/pytest tests/interop -q` (after `bash tests/interop/setup_
 from __future__ import annotations
 
 import datetime
-from collections import Counter
 
 import pytest
 
@@ -19,50 +18,7 @@ from tests.interop.checks import assert_metadata_agrees, assert_rows, compaction
 from tests.interop.conftest import SharedLake
 from tests.interop.java import multiset
 from tests.interop.sqltext import insert
-
-DAY = datetime.datetime(2026, 3, 1)
-
-
-def rows(start: int, count: int, days: int = 2) -> list[dict]:
-    return [
-        {
-            "id": i,
-            "ts": DAY + datetime.timedelta(days=i % days, minutes=i),
-            "payload": f"p{i:06d}-{(i * 2654435761) % 2**32:010d}",
-            "amount": i * 0.5,
-        }
-        for i in range(start, start + count)
-    ]
-
-
-class Writer:
-    """Java's writes to one table, mirrored in the oracle (id -> row as the current schema names it)."""
-
-    def __init__(self, lake: SharedLake, name: str) -> None:
-        self.lake, self.name, self.oracle = lake, name, {}
-        self.next_id = 0
-
-    def append(self, count: int, **extra) -> None:
-        batch = [{**r, **extra} for r in rows(self.next_id, count)]
-        self.next_id += count
-        self.lake.sql(insert(f"{{c}}.{self.name}", batch))
-        self.oracle.update({r["id"]: r for r in batch})
-
-    def sql(self, statement: str) -> None:
-        self.lake.sql(statement.replace("{t}", f"{{c}}.{self.name}"))
-
-    def expected(self) -> Counter:
-        return multiset(list(self.oracle.values()))
-
-
-def compact(lake: SharedLake, name: str, kinds: set[Kind]) -> list:
-    """Compact; every partition planned `kinds` commits, at least one does."""
-    out = lake.engine.compact(name)
-    done = [o for o in out if o.status == "committed"]
-    planned = {o.kind for o in done}
-    sizes = [f["file_size_in_bytes"] for f in lake.table(name).inspect.files().to_pylist()]
-    assert done and planned <= kinds, ([(o.partition_key, o.kind, o.status, o.reason[:200]) for o in out], sizes)
-    return done
+from tests.interop.tables import DELETE_TIER, MOR, Writer, compact, create, rows, seed_for
 
 
 def round_trip(lake: SharedLake, w: Writer, kinds: set[Kind]) -> list:
@@ -79,16 +35,6 @@ def round_trip(lake: SharedLake, w: Writer, kinds: set[Kind]) -> list:
     return outcomes
 
 
-def create(lake: SharedLake, name: str, partitioned_by: str, properties: dict[str, str] | None = None) -> Writer:
-    props = {"format-version": "2", **(properties or {})}
-    tbl = ", ".join(f"'{k}'='{v}'" for k, v in props.items())
-    lake.sql(
-        f"CREATE TABLE {{c}}.{name} (id bigint, ts timestamp, payload string, amount double) USING iceberg "
-        f"{f'PARTITIONED BY ({partitioned_by})' if partitioned_by else ''} TBLPROPERTIES ({tbl})"
-    )
-    return Writer(lake, name)
-
-
 def test_many_small_appends_by_day_and_bucket(shared_lake: SharedLake):
     w = create(shared_lake, "ns.events", "days(ts), bucket(4, id)")
     for _ in range(8):
@@ -97,9 +43,6 @@ def test_many_small_appends_by_day_and_bucket(shared_lake: SharedLake):
     round_trip(shared_lake, w, {Kind.MINOR})
     after = len(shared_lake.sql("SELECT * FROM {c}.ns.events.files"))
     assert after < before
-
-
-MOR = {"write.delete.mode": "merge-on-read", "write.update.mode": "merge-on-read", "write.merge.mode": "merge-on-read"}
 
 
 def test_merge_on_read_delete_update_merge(shared_lake: SharedLake):
@@ -175,11 +118,6 @@ def test_a_table_with_a_sort_order(shared_lake: SharedLake):
     round_trip(shared_lake, w, {Kind.MINOR, Kind.MAJOR})
 
 
-DELETE_TIER = {
-    "compaction.delete-file-threshold": "100",
-    "compaction.delete-ratio-threshold": "0.99",
-    "compaction.min-input-files": "100",
-}
 # Each tier on a table Java wrote: the table properties that make it the one planned, and the writes.
 TIERS = {
     Kind.FULL: {"compaction.full.trigger-interval-ms": "1", "compaction.min-input-files": "100"},
@@ -195,26 +133,6 @@ TIERS = {
     # Spark does not write equality deletes (Flink does): they are committed as another engine would
     Kind.CONVERT_EQUALITY_DELETES: {**DELETE_TIER, "compaction.equality-delete-file-threshold": "2"},
 }
-
-
-def seed_for(w: Writer, kind: Kind, appends: int) -> None:
-    """The files that make `kind` the rewrite planned: one file well above the split threshold
-    (split), files of healthy size whose `amount` ranges all overlap under WRITE ORDERED BY amount
-    (cluster), else `appends` small appends."""
-    if kind == Kind.SPLIT:
-        w.append(400)
-    elif kind == Kind.CLUSTER:
-        w.sql("ALTER TABLE {t} WRITE ORDERED BY amount")
-        for _ in range(4):
-            batch = rows(w.next_id, 200)
-            for r in batch:
-                r["amount"] = float((r["id"] * 7919) % 1000)
-            w.next_id += 200
-            w.lake.sql(insert(f"{{c}}.{w.name}", batch))
-            w.oracle.update({r["id"]: r for r in batch})
-    else:
-        for _ in range(appends):
-            w.append(40)
 
 
 @pytest.mark.parametrize("kind", list(TIERS), ids=str)

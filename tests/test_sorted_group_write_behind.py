@@ -21,9 +21,10 @@ from compaction_assets import faults
 from compaction_assets.execution import external_sort
 from compaction_assets.execution.worker import rewrite_group
 from compaction_assets.execution.writers import RollingWriter
+from tests.lakekit.jobs import rewrite_job
 from tests.lakekit.oracle import row_key
-from tests.test_clustering import make_table, shuffled
-from tests.test_rewrite_paths import _job
+from tests.lakekit.reads import assert_invariants, oracle_of
+from tests.lakekit.sorted_tables import make_table, shuffled
 
 ORDER = SortOrder(
     SortField(source_id=3, transform=IdentityTransform(), null_order=NullOrder.NULLS_LAST),
@@ -37,7 +38,7 @@ def _sorted_job(lake, spill_dir: Path, monkeypatch, budget=256 * 1024, target=25
     if zorder:
         props["compaction.zorder-columns"] = "a,b"
     make_table(lake, chunks, props, sort_order=None if zorder else ORDER)
-    job = _job(lake.engine, "ns.t")
+    job = rewrite_job(lake.engine, "ns.t")
     groups = [replace(g, sort=True, polars=False, max_files=1000) for g in job.groups]
     cols = [] if zorder else [("a", "ascending"), ("b", "descending")]
     job = replace(
@@ -88,7 +89,7 @@ def test_a_write_failing_mid_group_leaves_no_file_thread_or_spill(lake, tmp_path
         calls.append(1)
         if len(calls) == 6:
             raise OSError("disk full")
-        time.sleep(0.01)
+        time.sleep(0.01)  # kept: a slow write, what is tested
         return original(self, batch)
 
     monkeypatch.setattr(RollingWriter, "write", failing)
@@ -103,7 +104,7 @@ def test_the_sort_failing_while_a_slow_write_runs_leaves_no_file(lake, tmp_path,
     original_flush = RollingWriter.flush
 
     def slow_flush(self):
-        time.sleep(0.05)
+        time.sleep(0.05)  # kept: a slow write, what is tested
         return original_flush(self)
 
     monkeypatch.setattr(RollingWriter, "flush", slow_flush)
@@ -119,6 +120,7 @@ def test_the_sort_failing_while_a_slow_write_runs_leaves_no_file(lake, tmp_path,
     monkeypatch.setattr(external_sort.ExternalSort, "_output", failing_output)
     outcome = rewrite_group(job, 0)
     assert outcome.error and "sort blew up" in outcome.error
+    # kept: a write its thread still ran after the failure would land now; that none does is tested
     time.sleep(0.3)
     assert _outputs(job) == []
     assert not _writer_threads() and not list(tmp_path.glob("compaction-sort-*"))
@@ -129,7 +131,7 @@ def test_crash_point_mid_group_with_writes_pending_joins_the_thread(lake, tmp_pa
     original_flush = RollingWriter.flush
 
     def slow_flush(self):
-        time.sleep(0.2)
+        time.sleep(0.2)  # kept: a slow write, what is tested
         return original_flush(self)
 
     monkeypatch.setattr(RollingWriter, "flush", slow_flush)
@@ -182,7 +184,7 @@ def test_sorted_group_of_files_of_two_schemas(lake, tmp_path, monkeypatch):
     ]
     append_fragments(table, new)
     expected = Counter(row_key(r) for r in lake.table("ns.grown").scan().to_arrow().to_pylist())
-    job = _job(lake.engine, "ns.grown")
+    job = rewrite_job(lake.engine, "ns.grown")
     monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path))
     for budget in (10**9, 64):
         j = replace(
@@ -201,7 +203,6 @@ def test_sorted_group_of_files_of_two_schemas(lake, tmp_path, monkeypatch):
 
 def test_spark_worker_dying_mid_sorted_group_fails_cleanly_and_the_retry_commits(lake):
     from compaction_assets.commit.ledger import Status
-    from tests.test_faults import assert_invariants, oracle_of
 
     chunks = shuffled()
     table = make_table(lake, chunks, {"compaction.sort.memory-bytes": str(10**9)}, sort_order=ORDER)

@@ -28,12 +28,12 @@ from compaction_assets.lake.appends import append_fragments
 from compaction_assets.lake.digest import rows_digest
 from tests.conftest import batch
 from tests.lakekit.duckdb_reader import duckdb_rows
-from tests.test_sensor import instance, requested, set_scheduling, tick  # noqa: F401 - fixture
+from tests.lakekit.sensor_ticks import requested, set_scheduling, tick
 
 # --- sensor: replay of deferred partitions -------------------------------------------------------
 
 
-def test_a_table_paused_while_its_partition_waits_gets_no_request(queued_lake, instance):  # noqa: F811
+def test_a_table_paused_while_its_partition_waits_gets_no_request(queued_lake, instance):
     """`pause` is a table property: a new metadata file, the same snapshot. The sensor's replay of an
     unchanged table's deferred partitions keys on the snapshot id only, so the paused table's
     waiting partition was requested as if nothing had changed (fixed: a new metadata file on the
@@ -52,7 +52,7 @@ def test_a_table_paused_while_its_partition_waits_gets_no_request(queued_lake, i
 # --- sensor: a range run whose first key vanished -------------------------------------------------
 
 
-def test_a_range_run_whose_first_partition_vanished_still_holds_the_rest(queued_lake, instance):  # noqa: F811
+def test_a_range_run_whose_first_partition_vanished_still_holds_the_rest(queued_lake, instance):
     """A queued run over a range of sales.orders' partitions; the range's first partition then loses
     all its rows (another engine's delete), so the sensor deletes its dynamic partition. The run
     still covers the others (it is queued or running), but runs_in_flight drops the whole range

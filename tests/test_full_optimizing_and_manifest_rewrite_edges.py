@@ -156,7 +156,7 @@ def test_a_manifest_rewrite_stalled_past_the_timeout_commits_manifests_recovery_
     def stall_then_another_process_recovers() -> None:
         import time
 
-        time.sleep(timeout_s + 0.5)  # no heartbeat in between: the attempt looks dead
+        time.sleep(timeout_s + 0.5)  # kept (a stall is what is tested): no heartbeat in between, the attempt looks dead
         recovered["report"] = recover(mlake.catalog, mlake.engine.ledger, executing_timeout_seconds=timeout_s)
 
     faults.arm("after_prepare", stall_then_another_process_recovers)

@@ -20,9 +20,10 @@ from compaction_assets.lake.files import live_files
 from compaction_tools.demo import append_fragments
 from tests.conftest import BY_REGION, SCHEMA, batch, create_fragmented
 from tests.foreign_deletes import commit_deletes, equality_delete
-from tests.test_commit_safety import on_crash_point, rows
-from tests.test_format_v3 import upgrade_to_v3
-from tests.test_rewrite_commit import duckdb_ids, entries, region_files, spec_ids
+from tests.lakekit.crash_points import on_crash_point
+from tests.lakekit.format_v3 import upgrade_to_v3
+from tests.lakekit.manifests import duckdb_ids, entries, region_files, spec_ids
+from tests.lakekit.reads import rows
 
 
 def _many_manifests(lake, props, appends=6, per=3):

@@ -20,7 +20,6 @@ from compaction_assets.redact import is_secret_key
 from compaction_tools.local_s3 import ACCESS_KEY, SECRET_KEY
 from compaction_tools.reliability import check_invariants
 from tests.conftest import BY_REGION, SCHEMA, batch, create_fragmented, write_config
-from tests.test_s3 import s3_with_auth  # noqa: F401 - a fixture: moto checking request signatures
 
 
 def _keys(s3, prefix: str = "") -> set[str]:
@@ -47,7 +46,7 @@ def _gc_everything(lake, name: str) -> None:  # noqa: ANN001
                 "compaction.gc.orphan-grace-ms": "0",
             }
         )
-    time.sleep(1.1)  # moto's LastModified has whole seconds
+    time.sleep(1.1)  # kept: time must pass; moto's LastModified has whole seconds
     lake.engine.gc(name)
 
 
@@ -148,7 +147,7 @@ def test_a_data_path_property_with_a_trailing_slash_compacts_on_s3(s3_lake):
     assert all("//" not in f.path.split("://", 1)[1] for f in live_files(table))
 
 
-def test_polars_signs_with_the_s3_keys_pyiceberg_uses_when_client_keys_differ(tmp_path, spark, s3_with_auth):  # noqa: F811
+def test_polars_signs_with_the_s3_keys_pyiceberg_uses_when_client_keys_differ(tmp_path, spark, s3_with_auth):
     """pyiceberg takes s3.access-key-id before client.access-key-id (get_first_property_value); the
     Polars options took whichever came last in the properties, so Polars signed with other keys
     than the FileIO: on a store that checks them it failed and every group fell back."""
@@ -218,7 +217,7 @@ def test_gc_killed_after_expiry_on_s3_then_gc_again_deletes_the_rest_and_keeps_l
                 "compaction.gc.orphan-grace-ms": "0",
             }
         )
-    time.sleep(1.1)
+    time.sleep(1.1)  # kept: time must pass; moto's LastModified has whole seconds
 
     killed = s3_lake.cli("-v", "gc", "ns.t", crash_at="gc_after_expire")
     assert killed.returncode == 137, killed.stderr

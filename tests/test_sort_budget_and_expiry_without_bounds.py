@@ -13,9 +13,11 @@ from pyiceberg.transforms import IdentityTransform
 
 from compaction_assets.execution.external_sort import ExternalSort, SortSpec
 from compaction_assets.lake.files import live_files
+from tests.lakekit.expiry import MIXED, Writer, read, read_duckdb
+from tests.lakekit.expiry import make_table as make_expire_table
 from tests.lakekit.oracle import row_key
-from tests.test_clustering import data_file_list, make_table, multiset
-from tests.test_compaction import assert_duckdb_reads_what_pyiceberg_reads
+from tests.lakekit.reads import assert_duckdb_reads_what_pyiceberg_reads, data_file_list, multiset
+from tests.lakekit.sorted_tables import make_table
 
 
 def _sparse(n: int, seed: int = 5) -> pa.Table:
@@ -90,13 +92,10 @@ def test_a_major_sorted_by_a_sparse_column_larger_than_the_sort_budget_fails_eve
 
 # ------------------------------------------------------------------ data expiration
 
-from tests.test_expire import MIXED, NOW_MS, Writer, clocked, read, read_duckdb  # noqa: E402,F401
-from tests.test_expire import make_table as make_expire_table  # noqa: E402
-
 CENTURIES = str(1000 * 365 * 86_400_000 * 100)  # a retention of 100,000 years: "keep (almost) forever"
 
 
-def test_a_very_long_retention_with_a_file_lacking_bounds_crashes_the_plan(lake, clocked):  # noqa: F811
+def test_a_very_long_retention_with_a_file_lacking_bounds_crashes_the_plan(lake, clocked):
     """retention-ms is only checked to be positive. With a long one (cutoff before year 1) and a file
     whose expire column has no bounds (metrics mode counts: the verdict is REWRITE, as documented),
     ExpireRule.describe() formats the cutoff with datetime.fromtimestamp: ValueError 'year ... is
@@ -131,7 +130,7 @@ def test_a_very_long_retention_with_a_file_lacking_bounds_crashes_the_plan(lake,
 from compaction_assets.commit.consistency import check_partitions  # noqa: E402
 
 
-def test_a_partition_without_bounds_on_the_expire_column_is_rewritten_by_every_run_forever(lake, clocked):  # noqa: F811
+def test_a_partition_without_bounds_on_the_expire_column_is_rewritten_by_every_run_forever(lake, clocked):
     """The expire column has no bounds (the table's metrics mode for it is `counts`, which the
     worker's output honours too): every file is a REWRITE (expiration.py:79) and stays one after
     being rewritten. A partition with nothing past retention ('new') is then planned as an

@@ -112,7 +112,7 @@ def test_gc_with_no_grace_keeps_the_files_of_a_compaction_that_began_while_gc_st
         path = f"{out_dir}/{attempt.attempt_id}-00000-00000.parquet"
         pq.write_table(pa.table({"id": [1]}), local(path))
         written.append(path)
-        time.sleep(0.01)
+        time.sleep(0.01)  # kept: the file must be older than the time GC takes next
         return real_refresh()
 
     table.refresh = refresh_while_a_compaction_begins
