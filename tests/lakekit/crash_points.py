@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import compaction_assets.engine as engine_module
+import compaction_assets.engine.run as engine_module
 
 
 def on_crash_point(monkeypatch, point: str, action) -> None:
