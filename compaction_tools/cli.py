@@ -42,7 +42,7 @@ def soak(minutes: float, seed: int, slots: int, workdir: str | None, update_read
         _, _, tail = rest.partition(end)
         section = readme_section(figures, f"compaction-assets soak --minutes {minutes:g} --seed {seed} --slots {slots}")
         path.write_text(f"{head}{begin}\n{section}\n{end}{tail}")
-    if not figures.invariants.ok:
+    if not figures.report().ok:
         sys.exit(1)
 
 

@@ -50,8 +50,14 @@ class SoakFigures:
     max_recovery_s: float = 0.0
     invariants: InvariantReport | None = None
 
+    def report(self) -> InvariantReport:
+        """The invariants' report, which run_soak sets once the soak is over."""
+        if self.invariants is None:
+            raise RuntimeError("soak: no invariant report yet (the invariants are checked when the soak ends)")
+        return self.invariants
+
     def lines(self) -> list[str]:
-        inv = self.invariants
+        inv = self.report()
         return [
             f"seed {self.seed}, {self.minutes:g} min: {self.processes} compaction/GC processes, {self.kills} kills "
             f"survived, {self.commits} commits, {self.appends} acknowledged appends",

@@ -225,7 +225,7 @@ def _baseline(job_json: str, out: str) -> tuple[int, int, float, float]:
     writer: pq.ParquetWriter | None = None
     chunk: list[pa.Table] = []
 
-    def flush() -> int:
+    def flush(writer: pq.ParquetWriter) -> int:
         joined = pa.concat_tables(chunk).join(keys, "id", join_type="left anti", use_threads=False)
         writer.write_table(joined)
         chunk.clear()
@@ -242,9 +242,11 @@ def _baseline(job_json: str, out: str) -> tuple[int, int, float, float]:
             writer = pq.ParquetWriter(out, table.schema, compression="zstd")
         chunk.append(table)
         if sum(t.num_rows for t in chunk) >= BASELINE_CHUNK_ROWS:
-            written += flush()
+            written += flush(writer)
+    if writer is None:
+        raise ValueError("baseline: the rewrite job has no source files")
     if chunk:
-        written += flush()
+        written += flush(writer)
     writer.close()
     return read, written, time.perf_counter() - started, time.process_time() - cpu
 

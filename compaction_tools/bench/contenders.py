@@ -29,7 +29,7 @@ from compaction_assets.lake.catalog import load_table
 from compaction_assets.lake.digest import RowsDigest, batches_digest, rows_digest
 from compaction_assets.lake.storage import filesystem_of
 from compaction_tools.bench import footprint
-from compaction_tools.bench.datasets import CODEC
+from compaction_tools.bench.datasets import CODEC, DELTA_CODEC
 from compaction_tools.bench.iceberg_java import JavaIceberg, RunCatalog, rewrite_data_files
 from compaction_tools.bench.ours_process import OursProcess
 
@@ -143,7 +143,10 @@ def table_rows_match(table, expected: RowsDigest | int) -> bool:  # noqa: ANN001
 
 def jvm_pid(spark: SparkSession) -> int:
     """The local Spark JVM's pid."""
-    return spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
+    jvm = spark.sparkContext._jvm
+    if jvm is None:
+        raise RuntimeError("the Spark session has no JVM gateway (a Spark Connect session?): no local JVM pid")
+    return jvm.java.lang.ProcessHandle.current().pid()
 
 
 def data_files(table) -> tuple[int, int]:  # noqa: ANN001 - a pyiceberg Table
@@ -282,7 +285,7 @@ def _deltars_compact(uri: str, target_bytes: int) -> None:
     from deltalake import DeltaTable, WriterProperties
 
     DeltaTable(uri).optimize.compact(
-        target_size=target_bytes, writer_properties=WriterProperties(compression=CODEC.upper())
+        target_size=target_bytes, writer_properties=WriterProperties(compression=DELTA_CODEC)
     )
 
 
@@ -311,17 +314,20 @@ def write_rolling(
     if open_output is None:
         Path(out).mkdir(parents=True, exist_ok=True)
         open_output = partial(pa.OSFile, mode="wb")
-    sink, writer, index = None, None, 0
+    current: tuple[pa.NativeFile, pq.ParquetWriter] | None = None  # the open file and its writer
+    index = 0
     for chunk in chunks:
-        if writer is None:
+        if current is None:
             sink = open_output(f"{out}/part-{index:05d}.parquet")
-            writer = pq.ParquetWriter(sink, chunk.schema, compression=CODEC)
+            current = sink, pq.ParquetWriter(sink, chunk.schema, compression=CODEC)
             index += 1
+        sink, writer = current
         writer.write(chunk)
         if sink.tell() >= target_bytes:
             writer.close()
             sink.close()
-            writer = None
-    if writer is not None:
+            current = None
+    if current is not None:
+        sink, writer = current
         writer.close()
         sink.close()

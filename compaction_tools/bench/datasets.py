@@ -22,6 +22,7 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pyarrow as pa
@@ -37,6 +38,18 @@ from compaction_assets.lake.digest import RowsDigest, batches_digest
 
 CITIES = np.array(["amsterdam", "berlin", "lisbon", "madrid", "oslo", "paris", "rome", "vienna", "warsaw", "zurich"])
 CODEC = "snappy"
+# The codecs delta-rs's WriterProperties takes, and CODEC under its name there
+DeltaCodec = Literal["UNCOMPRESSED", "SNAPPY", "GZIP", "BROTLI", "LZ4", "ZSTD", "LZ4_RAW"]
+_DELTA_CODECS: dict[str, DeltaCodec] = {
+    "uncompressed": "UNCOMPRESSED",
+    "snappy": "SNAPPY",
+    "gzip": "GZIP",
+    "brotli": "BROTLI",
+    "lz4": "LZ4",
+    "zstd": "ZSTD",
+    "lz4_raw": "LZ4_RAW",
+}
+DELTA_CODEC: DeltaCodec = _DELTA_CODECS[CODEC]
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pyarrow as pa
 import yaml
-from dagster import AddDynamicPartitionsRequest, DagsterInstance, build_sensor_context
+from dagster import AddDynamicPartitionsRequest, DagsterInstance, SensorResult, build_sensor_context
+from pyspark.sql import SparkSession
 
 from compaction_assets.commit.ledger import Status
 from compaction_assets.config import load_config
@@ -77,10 +78,12 @@ def drain(config_path: Path, instance: DagsterInstance, log: Callable[[str], Non
     started = time.perf_counter()
     while True:
         result = sensor(build_sensor_context(instance=instance, cursor=cursor, definitions=defs, resources=resources))
+        if not isinstance(result, SensorResult):  # evaluate_fragmentation returns one
+            raise TypeError(f"fragmentation_sensor returned {type(result).__name__}, not a SensorResult")
         ticks += 1
-        for request in result.dynamic_partitions_requests:  # as the daemon does before launching
-            if isinstance(request, AddDynamicPartitionsRequest):
-                instance.add_dynamic_partitions(request.partitions_def_name, request.partition_keys)
+        for change in result.dynamic_partitions_requests or ():  # as the daemon does before launching
+            if isinstance(change, AddDynamicPartitionsRequest):
+                instance.add_dynamic_partitions(change.partitions_def_name, change.partition_keys)
         cursor = result.cursor
         if not result.run_requests:
             return time.perf_counter() - started, runs, ticks
@@ -111,7 +114,11 @@ def measure(
         config_path.write_text(yaml.safe_dump({**CONFIG, "scheduling": {"max_partitions_per_run": per_run or 500}}))
         config = load_config(config_path)
         spark = spark_session(config.spark)  # the warm session every run of this process joins
-        engine = Engine(config, spark=lambda spark=spark: spark)
+
+        def warm(spark: SparkSession = spark) -> SparkSession:
+            return spark
+
+        engine = Engine(config, spark=warm)
         engine.catalog.create_namespace_if_not_exists("drain")
         began = time.perf_counter()
         build_table(engine, "drain.t", count)

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import yaml
-from dagster import DagsterEventType, DagsterInstance
+from dagster import DagsterEventType, DagsterInstance, DagsterRun
 
 from compaction_assets.config import load_config
 from compaction_assets.dagster_host import process as run_host
@@ -79,6 +79,14 @@ run_coordinator:
 """
 
 
+def _reloaded(instance: DagsterInstance, run_id: str) -> DagsterRun:
+    """The run as the instance has it now."""
+    run = instance.get_run_by_id(run_id)
+    if run is None:
+        raise RuntimeError(f"bench: run {run_id} is gone from the Dagster instance")
+    return run
+
+
 def timed_host_runs(config_path: Path, names: list[str], log=print) -> list[tuple[float, float]]:  # noqa: ANN001
     """(RUN_STARTING to RUN_SUCCESS seconds, logged fixed cost) of runs launched into the run host.
 
@@ -101,7 +109,7 @@ def timed_host_runs(config_path: Path, names: list[str], log=print) -> list[tupl
                 if done.returncode != 0:
                     raise RuntimeError(f"bench: launching a run of {name} failed:\n{done.stderr[-3000:]}")
                 [run] = instance.get_runs(limit=1)
-                while not (run := instance.get_run_by_id(run.run_id)).is_finished:
+                while not (run := _reloaded(instance, run.run_id)).is_finished:
                     time.sleep(0.2)
                 events = instance.all_logs(run.run_id)
                 text = "\n".join(e.message or "" for e in events)

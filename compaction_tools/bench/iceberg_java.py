@@ -20,9 +20,8 @@ import subprocess
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
 
 SERVER = Path(__file__).resolve().parent / "java_server.py"
@@ -70,6 +69,10 @@ class JavaIceberg:
             text=True,
             start_new_session=True,
         )
+        # Popen opens both as pipes (PIPE above), so neither is None
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self._stdin: IO[str] = self.process.stdin
+        self._stdout: IO[str] = self.process.stdout
         self._lock = threading.Lock()
         ready = self._read(START_TIMEOUT_S)
         if not ready.get("ready"):
@@ -84,7 +87,7 @@ class JavaIceberg:
 
     def _read(self, timeout_s: float) -> dict:
         result: list[str] = []
-        reader = threading.Thread(target=lambda: result.append(self.process.stdout.readline()), daemon=True)
+        reader = threading.Thread(target=lambda: result.append(self._stdout.readline()), daemon=True)
         reader.start()
         reader.join(timeout_s)
         if not result or not result[0]:
@@ -95,8 +98,8 @@ class JavaIceberg:
     def call(self, request: dict, timeout_s: float = 3600) -> dict:
         """Send one request; its reply (JavaError if Java failed it)."""
         with self._lock:
-            self.process.stdin.write(json.dumps(request) + "\n")
-            self.process.stdin.flush()
+            self._stdin.write(json.dumps(request) + "\n")
+            self._stdin.flush()
             reply = self._read(timeout_s)
         if not reply["ok"]:
             raise JavaError(reply["error"])
@@ -126,8 +129,8 @@ class JavaIceberg:
         """Stop the session (SIGKILL to its process group if it does not stop within 30 s)."""
         if self.process.poll() is None:
             try:
-                self.process.stdin.write(json.dumps({"op": "stop"}) + "\n")
-                self.process.stdin.flush()
+                self._stdin.write(json.dumps({"op": "stop"}) + "\n")
+                self._stdin.flush()
                 self.process.wait(30)
             except (OSError, subprocess.TimeoutExpired):
                 os.killpg(self.process.pid, 9)
@@ -140,7 +143,7 @@ class RunCatalog:
     """One run's catalog, open on both sides under one name: pyiceberg (`catalog`) and Java."""
 
     name: str
-    catalog: Catalog
+    catalog: SqlCatalog
 
     def dispose(self) -> None:
         self.catalog.engine.dispose()

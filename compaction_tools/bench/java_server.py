@@ -86,10 +86,14 @@ def main() -> None:
     )
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    version = spark.sparkContext._jvm.org.apache.iceberg.IcebergBuild.version()
+    jvm = spark.sparkContext._jvm
+    if jvm is None:
+        raise RuntimeError("Spark started without a JVM gateway: cannot reach Iceberg's Java classes")
+    version = jvm.org.apache.iceberg.IcebergBuild.version()
     out.write(json.dumps({"ready": True, "spark": spark.version, "iceberg": version}) + "\n")
     for line in sys.stdin:
         request = json.loads(line)
+        reply: dict[str, object]
         try:
             if request["op"] == "stop":
                 break

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import yaml
 from dagster import DagsterEventType, DagsterInstance
-from pyiceberg.catalog.sql import IcebergTables
+from pyiceberg.catalog.sql import IcebergTables, SqlCatalog
 from sqlalchemy import delete, insert
 from sqlalchemy.orm import Session
 
@@ -91,6 +91,8 @@ def make_lake(tables: int, root: Path | None = None, log: Callable[[str], None] 
     config_path.write_text(yaml.safe_dump(doc, sort_keys=False))
     started = time.perf_counter()
     catalog = open_catalog(load_config(config_path).catalog)
+    if not isinstance(catalog, SqlCatalog):  # its rows are inserted into the catalog's database below
+        raise RuntimeError(f"bench: expected a SQL catalog, got {type(catalog).__name__}")
     catalog.create_namespace_if_not_exists(NAMESPACE)
     names = table_names(tables)
     templates = [
@@ -190,6 +192,8 @@ def run_start(config_path: Path, table: str, scoped: bool) -> tuple[float, float
             location = get_code_location_from_workspace(workspace, None)
             [repository] = location.get_repositories().values()
             run = create_table_run(instance, location, repository, table)
+        if run.job_code_origin is None:
+            raise RuntimeError(f"bench: run {run.run_id} of {table} has no job code origin to execute")
         args = ExecuteRunArgs(job_origin=run.job_code_origin, run_id=run.run_id, instance_ref=instance.get_ref())
         command = [str(Path(sys.executable).parent / "dagster"), "api", "execute_run", serialize_value(args)]
         scope = {TABLES_ENV: json.dumps([table])} if scoped else {}

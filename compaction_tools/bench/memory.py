@@ -129,7 +129,7 @@ def measure_s3(spark, root: Path, path: str, gib: float = 2.0, log: Callable[[st
 def upload_group(fs: pafs.S3FileSystem, sources: list[Path], destination: str) -> list[str]:
     """`write_group`'s files at `destination` (bucket/prefix): its distinct files uploaded, the
     others copies made by the server (no second trip of their bytes); the object keys, sorted."""
-    keys = []
+    keys: list[str] = []
     for k, source in enumerate(sources):
         key = f"{destination}/{source.name}"
         if k < DISTINCT:

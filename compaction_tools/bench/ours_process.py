@@ -51,7 +51,9 @@ class OursProcess:
 
     @property
     def pid(self) -> int:
-        return self.process.pid
+        pid = self.process.pid
+        assert pid is not None  # started in __init__
+        return pid
 
     def _answer(self) -> dict:
         try:

@@ -219,6 +219,7 @@ def _plan_child(root: Path, repeats: int) -> dict:
         plans = engine.plan(TABLE)
         seconds.append(time.perf_counter() - began)
         cpu.append(time.process_time() - began_cpu)
+    assert plans is not None  # the loop above runs at least once
     return {
         "cold_plan_s": seconds[0],
         "warm_plan_s": statistics.median(seconds[1:]),

@@ -42,7 +42,7 @@ def measure(config_path: Path, tables: int, changed: int = 10, log: Callable[[st
     managed = dict.fromkeys(names, True)
     with DagsterInstance.ephemeral() as instance:
 
-        def tick(cursor: str | None) -> tuple[float, str]:
+        def tick(cursor: str | None) -> tuple[float, str | None]:
             context = build_sensor_context(instance=instance, cursor=cursor)
             began = time.perf_counter()
             result = evaluate_fragmentation(context, load_config(config_path), managed)

@@ -61,6 +61,13 @@ class DatasetReport:
     def seconds(self, contender: str) -> float | None:
         return next((r.seconds for r in self.results if r.contender == contender), None)
 
+    def ours_seconds(self) -> float:
+        """Our seconds, which every ratio divides by or into."""
+        ours = self.seconds("ours")
+        if ours is None:
+            raise ValueError(f"bench: dataset {self.dataset} has no result of ours to compare with")
+        return ours
+
     @property
     def path(self) -> str:
         """The rewrite paths our median run took."""
@@ -70,20 +77,20 @@ class DatasetReport:
     def ratio_vs_deltars(self) -> float | None:
         """None where delta-rs does not take part (it has no merge-on-read deletes to apply)."""
         theirs = self.seconds("delta-rs")
-        return self.seconds("ours") / theirs if theirs else None
+        return self.ours_seconds() / theirs if theirs else None
 
     @property
     def ratio_vs_iceberg_java(self) -> float | None:
         """Ours over Iceberg Java's rewrite_data_files; None where Java did not take part."""
         theirs = self.seconds(contenders.ICEBERG_JAVA)
-        return self.seconds("ours") / theirs if theirs else None
+        return self.ours_seconds() / theirs if theirs else None
 
     @property
     def share_of_two_pyarrow_cores(self) -> float | None:
         """Our MB/s over twice the single-thread pyarrow MB/s (the per-core limit on 2 cores);
         None where the pyarrow copy did not run (sorted datasets: it does not sort)."""
         theirs = self.seconds("pyarrow 1 thread")
-        return theirs / 2 / self.seconds("ours") if theirs else None
+        return theirs / 2 / self.ours_seconds() if theirs else None
 
     @property
     def key(self) -> str:
@@ -350,8 +357,8 @@ def run_bench(
                 ours = ours or start_ours(config_path, engine, log)
                 paths = memory.measure_all(engine, root, list(memory.KINDS), large_gib, log, ours)
                 report.extras["memory_paths"] = paths + memory.measure_sorted(engine, root, large_gib, log, ours)
-                on_s3 = [memory.measure_s3(spark, root, path, large_gib, log) for path in memory.FILE_BYTES]
-                report.extras["memory_paths"] += on_s3
+                s3_paths = [memory.measure_s3(spark, root, path, large_gib, log) for path in memory.FILE_BYTES]
+                report.extras["memory_paths"] += s3_paths
                 shutil.rmtree(root / "data", ignore_errors=True)
         if ours is not None:
             ours.close()
@@ -383,7 +390,7 @@ def run_bench(
         if (share := d.share_of_two_pyarrow_cores) is not None:
             log(
                 f"[{d.dataset}{_loaded(d.load)}] ours at {share:.0%} of 2 x single-thread pyarrow"
-                + (f"; ours/spark-dataframe {d.seconds('ours') / spark_df:.2f}" if spark_df else "")
+                + (f"; ours/spark-dataframe {d.ours_seconds() / spark_df:.2f}" if spark_df else "")
             )
     for line in memory.report_lines(report.extras.get("memory_paths", [])):
         log(line)
@@ -410,8 +417,8 @@ def run_bench(
     for d in report.datasets:
         ratio = d.ratio_vs_deltars
         if d.dataset == cdc.CDC.name:
-            ours = next(r for r in d.results if r.contender == "ours")
-            log(f"cdc_worker_peak_rss_mb={ours.peak_rss / MiB:.0f} equality_keys={cdc.EQUALITY_KEYS}")
+            ours_result = next(r for r in d.results if r.contender == "ours")
+            log(f"cdc_worker_peak_rss_mb={ours_result.peak_rss / MiB:.0f} equality_keys={cdc.EQUALITY_KEYS}")
         share = d.share_of_two_pyarrow_cores
         log(
             f"{d.key} "
@@ -463,7 +470,7 @@ def comparison_lines(d: DatasetReport) -> list[str]:
 
 def compare_dataset(
     engine: Engine,
-    ours: OursProcess,
+    ours: OursProcess | None,
     spark,  # noqa: ANN001 - the bench's SparkSession
     root: Path,
     dataset: Dataset,
@@ -474,19 +481,28 @@ def compare_dataset(
     on_s3: s3_dataset.S3Source | None = None,
 ) -> DatasetReport:
     """One pass over `dataset` (cdc, mor and s3 have comparisons of their own; s3's files are on
-    the server `on_s3`, else uploaded for this pass); its report, logged."""
+    the server `on_s3`, else uploaded for this pass); its report, logged. `ours`: None only when
+    every dataset of the run is s3's, which does not run our engine's process."""
     if dataset.deletes != "none":
         # Iceberg Java on position deletes only: on cdc's 1M equality keys it runs for hours (bench/cdc.py)
         java = java if dataset.deletes == "position" else None
-        bytes_in, timed = cdc.compare_cdc(engine, ours, root, log, repeats, TARGET, java, load, dataset)
+        bytes_in, timed = cdc.compare_cdc(
+            engine, _started(ours, dataset), root, log, repeats, TARGET, java, load, dataset
+        )
     elif dataset.name == s3_dataset.S3.name:
         bytes_in, timed = s3_dataset.compare_s3(spark, root, log, repeats, TARGET, source=on_s3)
     else:
-        return compare(engine, ours, spark, root, dataset, log, repeats, java, load)
+        return compare(engine, _started(ours, dataset), spark, root, dataset, log, repeats, java, load)
     own_report = DatasetReport(dataset.name, dataset.files, dataset.rows, bytes_in, load=load)
     own_report.results.extend(median_results(timed))
     log_results(own_report, log)
     return own_report
+
+
+def _started(ours: OursProcess | None, dataset: Dataset) -> OursProcess:
+    if ours is None:
+        raise ValueError(f"bench: dataset {dataset.name} needs our engine's process, which was not started")
+    return ours
 
 
 def start_java(root: Path, log: Callable[[str], None]) -> iceberg_java.JavaIceberg | None:

@@ -35,7 +35,7 @@ from compaction_assets.config import load_config
 from compaction_assets.engine.facade import Engine
 from compaction_assets.lake.digest import RowsDigest, batches_digest
 from compaction_tools.bench import contenders, datasets
-from compaction_tools.bench.datasets import CODEC, Dataset
+from compaction_tools.bench.datasets import CODEC, DELTA_CODEC, Dataset
 from compaction_tools.bench.ours_process import OursProcess
 from compaction_tools.bench.s3_paths import slow_s3
 from compaction_tools.local_s3 import LocalS3
@@ -234,7 +234,7 @@ def _deltars_compact(uri: str, options: dict[str, str], target_bytes: int) -> No
     from deltalake import DeltaTable, WriterProperties
 
     DeltaTable(uri, storage_options=options).optimize.compact(
-        target_size=target_bytes, writer_properties=WriterProperties(compression=CODEC.upper())
+        target_size=target_bytes, writer_properties=WriterProperties(compression=DELTA_CODEC)
     )
 
 

@@ -165,7 +165,7 @@ def _timed(table, contender: str) -> float:  # noqa: ANN001
 def run(files: int, rows: int, repeats: int, delays_ms: list[float]) -> list[dict]:
     from pyiceberg.catalog import load_catalog
 
-    results = []
+    results: list[dict[str, object]] = []
     with tempfile.TemporaryDirectory() as root:
         for delay in [None, *delays_ms]:
             where = "local disk" if delay is None else f"s3 +{delay:g} ms"
