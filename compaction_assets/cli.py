@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -76,6 +76,25 @@ class _Group(click.Group):
             command = ctx.invoked_subcommand or "command"
             click.echo(f"error: {command}: {type(exc).__name__}: {redact(_first_line(exc))}", err=True)
             sys.exit(2)
+
+    # Commands other installed packages add through the entry point group COMMANDS_GROUP (`bench`,
+    # `demo` and `soak` come from compaction_tools, which the product never imports), loaded only
+    # when listed or run: loading them here, at import, would import them while they import us.
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *_installed_commands()})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if (command := super().get_command(ctx, cmd_name)) is not None:
+            return command
+        entry = _installed_commands().get(cmd_name)
+        return entry.load() if entry is not None else None
+
+
+COMMANDS_GROUP = "compaction_assets.commands"
+
+
+def _installed_commands() -> dict[str, EntryPoint]:
+    return {entry.name: entry for entry in entry_points(group=COMMANDS_GROUP)}
 
 
 def _first_line(exc: BaseException) -> str:
@@ -421,16 +440,3 @@ def spark_server(ctx: click.Context, action: str) -> None:
         sys.exit(3)
     if action == "stop" and state.pid is not None:
         sys.exit(1)
-
-
-COMMANDS_GROUP = "compaction_assets.commands"
-
-
-def _add_installed_commands() -> None:
-    """Commands other installed packages add through the entry point group COMMANDS_GROUP
-    (`bench`, `demo` and `soak` come from compaction_tools, which the product never imports)."""
-    for entry in entry_points(group=COMMANDS_GROUP):
-        main.add_command(entry.load(), entry.name)
-
-
-_add_installed_commands()

@@ -33,16 +33,11 @@ from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import TableProperties, Transaction
 from pyiceberg.table.metadata import TableMetadataV3
-from pyiceberg.table.refs import SnapshotRefType
 from pyiceberg.table.snapshots import (
     Operation,
-    Snapshot,
     Summary,
 )
 from pyiceberg.table.update import (
-    AddSnapshotUpdate,
-    AssertRefSnapshotId,
-    SetSnapshotRefUpdate,
     UpdatesAndRequirements,
 )
 from pyiceberg.typedef import EMPTY_DICT, KeyDefaultDict, Record
@@ -61,6 +56,7 @@ from compaction_assets.commit.conflicts import (
 )
 from compaction_assets.commit.numbering import numbered
 from compaction_assets.commit.rewrite_summary import rewrite_summary
+from compaction_assets.commit.snapshot_v3 import v3_snapshot_updates
 from compaction_assets.iceberg_compat.producers import OverwriteProducer
 from compaction_assets.lake.delete_files import _DeleteManifestWriter
 from compaction_assets.lake.deletes import (
@@ -69,7 +65,6 @@ from compaction_assets.lake.deletes import (
     global_spec_ids,
 )
 from compaction_assets.lake.format_v3 import (
-    ManifestListWriterV3,
     ManifestWriterV3,
     read_entries,
     snapshot_manifests,
@@ -260,46 +255,7 @@ class RewriteFiles(OverwriteProducer):
             )
         if metadata.next_row_id is None:
             raise ValidationException("format-version 3 table without next-row-id: cannot assign row ids")
-        manifests = self.manifests()
-        sequence_number = metadata.next_sequence_number()
-        summary = self.snapshot_summary(self.snapshot_properties)
-        location, output = self.new_manifest_list_output()
-        parent_id = self.parent_snapshot_id
-        with ManifestListWriterV3(
-            output,
-            self.snapshot_id,
-            parent_id,
-            sequence_number,
-            metadata.next_row_id,
-            self.compression,
-        ) as writer:
-            writer.add_manifests(manifests)
-        snapshot = Snapshot(
-            snapshot_id=self.snapshot_id,
-            parent_snapshot_id=parent_id,
-            manifest_list=location,
-            sequence_number=sequence_number,
-            summary=summary,
-            schema_id=metadata.current_schema_id,
-            first_row_id=metadata.next_row_id,
-            added_rows=writer.assigned_rows,
-        )
-        branch = self.target_branch
-        if branch is None:
-            return (AddSnapshotUpdate(snapshot=snapshot),), ()
-        # by field name, as pyiceberg's producer builds it: the pydantic plugin takes the fields
-        # defaulted inside Annotated[...] (max_ref_age_ms, ...) for required ones
-        ref = SetSnapshotRefUpdate(  # type: ignore[call-arg]
-            snapshot_id=self.snapshot_id,
-            parent_snapshot_id=parent_id,
-            ref_name=branch,
-            type=SnapshotRefType.BRANCH,
-        )
-        head = metadata.refs[branch].snapshot_id if branch in metadata.refs else None
-        return numbered(
-            ((AddSnapshotUpdate(snapshot=snapshot), ref), (AssertRefSnapshotId(snapshot_id=head, ref=branch),)),
-            metadata,
-        )
+        return v3_snapshot_updates(self, metadata, self.manifests(), self.snapshot_summary(self.snapshot_properties))
 
     def build_partition_filters(self) -> None:
         """The replaced files' partitions, per spec, to skip manifests that cannot hold one: pyiceberg's
