@@ -28,11 +28,11 @@ from compaction_assets.commit.two_phase import ATTEMPT_ID_PROPERTY, TASK_ID_PROP
 from compaction_assets.config import load_config
 from compaction_assets.defs.build import build_definitions, table_job
 from compaction_assets.defs.naming import op_name
-from compaction_assets.planning.tick import EXPIRE_REPLAN_SECONDS
 from compaction_assets.errors import ConfigError
 from compaction_assets.lake.appends import append_fragments
 from compaction_assets.planning.expiration import ExpireRule, Verdict
 from compaction_assets.planning.planner import EXPIRE_BENEFIT, Kind
+from compaction_assets.planning.tick import EXPIRE_REPLAN_SECONDS
 from tests.lakekit.expiry import (
     CUTOFF,
     DAY,
