@@ -58,17 +58,38 @@ def conflict(
     if reason := format_conflict(written, format_version):
         return reason
     results = [f for f in written if f.content == DataFileContent.DATA]
+    if reason := _sources_gone(attempt, live):
+        return reason
+    try:
+        history[attempt.base_snapshot_id]  # every kind: the head must descend from the base (base_history)
+    except ValidationException as exc:
+        return str(exc)
+    replaced = [live[p] for p in attempt.source_files]
+    if reason := _deletes_since_base(attempt, replaced, added_since, global_specs, results):
+        return reason
+    data_files = [f for f in live.values() if not f.is_delete]
+    return uncovered(replaced, data_files, attempt.covered_files, global_specs)
+
+
+def _sources_gone(attempt: Attempt, live: dict[str, LiveFile]) -> str | None:
+    """Whether some of the attempt's source files are no longer live, described; else None."""
     missing = [p for p in attempt.source_files if p not in live]
     if missing:
         return (
             f"{len(missing)} of {len(attempt.source_files)} source file(s) are no longer live "
             f"(e.g. {missing[0]}): a concurrent change replaced them"
         )
-    try:
-        history[attempt.base_snapshot_id]  # every kind: the head must descend from the base (base_history)
-    except ValidationException as exc:
-        return str(exc)
-    replaced = [live[p] for p in attempt.source_files]
+    return None
+
+
+def _deletes_since_base(
+    attempt: Attempt,
+    replaced: Sequence[LiveFile],
+    added_since: Mapping[int | None, list[DataFile]],
+    global_specs: frozenset[int],
+    results: Sequence[DataFile],
+) -> str | None:
+    """Whether a delete added since the base conflicts with replacing the data files (delete_conflict); else None."""
     if data := [f.data_file for f in replaced if not f.is_delete]:
         try:
             added = added_since[attempt.base_snapshot_id]
@@ -76,8 +97,7 @@ def conflict(
             return str(exc)
         if reason := delete_conflict(data, added, global_specs, results):
             return reason
-    data_files = [f for f in live.values() if not f.is_delete]
-    return uncovered(replaced, data_files, attempt.covered_files, global_specs)
+    return None
 
 
 def format_conflict(results: Sequence[DataFile], format_version: int) -> str | None:
@@ -188,6 +208,19 @@ def delete_conflict(
     rows move to other partitions (an old-spec rewrite), a partition-scoped one that can apply to a
     replaced file would no longer apply to its rows, and one that can apply to a result would
     newly apply to them: both are conflicts (global ones apply on either side alike)."""
+    if reason := _position_delete_conflict(replaced, added_deletes, global_specs):
+        return reason
+    if not results:
+        return None
+    if _results_stay_in_partitions(replaced, results):
+        return None
+    return _equality_delete_conflict(replaced, added_deletes, global_specs, results)
+
+
+def _position_delete_conflict(
+    replaced: Sequence[DataFile], added_deletes: Sequence[DataFile], global_specs: frozenset[int]
+) -> str | None:
+    """Whether an added position delete can apply to a replaced file, described; else None."""
     index = DeleteIndex((d for d in added_deletes if d.content == DataFileContent.POSITION_DELETES), global_specs)
     for data_file in replaced if index else ():
         if applying := index.for_data_file(data_file):
@@ -195,13 +228,27 @@ def delete_conflict(
                 f"position delete file {applying[0].file_path}, added after the base snapshot, can apply to "
                 f"source {data_file.file_path}: rewriting it would bring deleted rows back"
             )
-    if not results:
-        return None
+    return None
+
+
+def _results_stay_in_partitions(replaced: Sequence[DataFile], results: Sequence[DataFile]) -> bool:
+    """Whether every result's partition is one a source is in (no rows move between partitions)."""
     outside = {partition_id(f.spec_id, f.partition) for f in results}  # results' partitions no source is in
     for data_file in replaced:  # a group's sources share a partition: this stops at the first
         outside.discard(partition_id(data_file.spec_id, data_file.partition))
         if not outside:
-            return None
+            return True
+    return False
+
+
+def _equality_delete_conflict(
+    replaced: Sequence[DataFile],
+    added_deletes: Sequence[DataFile],
+    global_specs: frozenset[int],
+    results: Sequence[DataFile],
+) -> str | None:
+    """Whether an added partition-scoped equality delete applies to a source or result of a rewrite
+    that moves rows between partitions, described; else None."""
     scoped = [
         d for d in added_deletes if d.content == DataFileContent.EQUALITY_DELETES and d.spec_id not in global_specs
     ]

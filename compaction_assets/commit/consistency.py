@@ -94,6 +94,15 @@ def _attempt_problems(table: Table, attempt: Attempt, live: dict) -> list[str]:
     return problems
 
 
+def _no_deletes_before(table: Table, snapshot: Snapshot | None) -> bool:
+    """Whether the snapshot's parent says the table had no delete files (False when that cannot be told)."""
+    parent = None
+    if snapshot is not None and snapshot.parent_snapshot_id is not None:
+        parent = table.metadata.snapshot_by_id(snapshot.parent_snapshot_id)
+    before = parent.summary if parent is not None else None
+    return before is not None and before.get(TOTAL_DELETE_FILES) == "0"
+
+
 def _rows_problem(table: Table, attempt: Attempt, snapshot: Snapshot | None) -> str | None:
     """Rows in against rows out (+ rows expired, for a data expiration) of a data rewrite: equal,
     unless the table had delete files before the commit (the rewrite may have applied some: fewer
@@ -108,11 +117,13 @@ def _rows_problem(table: Table, attempt: Attempt, snapshot: Snapshot | None) -> 
     if any(d["content"] != DataFileContent.DATA for d in attempt.result_files):
         return None
     rows_in, rows_out = attempt.rows_in, (attempt.rows_out or 0) + expired
-    parent = None
-    if snapshot is not None and snapshot.parent_snapshot_id is not None:
-        parent = table.metadata.snapshot_by_id(snapshot.parent_snapshot_id)
-    before = parent.summary if parent is not None else None
-    no_deletes = before is not None and before.get(TOTAL_DELETE_FILES) == "0"
+    no_deletes = _no_deletes_before(table, snapshot)
+    return _count_problem(attempt, rows_in, rows_out, expired, no_deletes)
+
+
+def _count_problem(attempt: Attempt, rows_in: int, rows_out: int, expired: int, no_deletes: bool) -> str | None:
+    """Whether rows out (+ expired) exceed rows in, or differ from them with no delete files before, described."""
+    expiring = attempt.kind == EXPIRE_KIND
     if rows_out > rows_in or (no_deletes and rows_out != rows_in):
         out = f"rows out {attempt.rows_out or 0} + rows expired {expired}" if expiring else f"rows out {rows_out}"
         return f"rows in {rows_in} != {out}"

@@ -206,17 +206,7 @@ def _run(
     with Heartbeat(ledger, heartbeat_seconds) as heartbeat:
         heartbeat.track(attempt.attempt_id)
         try:
-            txn = table.transaction()
-            properties = {TASK_ID_PROPERTY: attempt.task_id, ATTEMPT_ID_PROPERTY: attempt.attempt_id}
-            producer = _RewriteManifests(txn, table.io, properties, snapshot.snapshot_id)
-            written = write_outputs(table, outputs, producer.snapshot_id, attempt.attempt_id)
-            producer.replace(replaced, written, entries)
-            ledger.prepare(
-                attempt.attempt_id,
-                [{"file_path": m.manifest_path, "content": "manifest"} for m in written],
-                rows_out=sum((m.existing_files_count or 0) for m in written),
-                bytes_out=sum(m.manifest_length for m in written),
-            )
+            txn, producer, written = _write_and_prepare(table, ledger, attempt, snapshot, replaced, outputs, entries)
         except Exception as exc:
             abandon(table, ledger, attempt, f"could not write the manifests: {exc}")
             raise
@@ -249,6 +239,30 @@ def _run(
         f"clustered by partition ({report.bytes_written} B)"
     )
     log.info("%s: rewrote manifests in snapshot %s: %s", table_name, report.snapshot_id, report.reason)
+
+
+def _write_and_prepare(
+    table: Table,
+    ledger: Ledger,
+    attempt: Attempt,
+    snapshot: Snapshot,
+    replaced: list[ManifestFile],
+    outputs: list[_Output],
+    entries: int,
+) -> tuple[Transaction, _RewriteManifests, list[ManifestFile]]:
+    """What the attempt commits: its manifests written, staged in a producer, and the attempt PREPARED."""
+    txn = table.transaction()
+    properties = {TASK_ID_PROPERTY: attempt.task_id, ATTEMPT_ID_PROPERTY: attempt.attempt_id}
+    producer = _RewriteManifests(txn, table.io, properties, snapshot.snapshot_id)
+    written = write_outputs(table, outputs, producer.snapshot_id, attempt.attempt_id)
+    producer.replace(replaced, written, entries)
+    ledger.prepare(
+        attempt.attempt_id,
+        [{"file_path": m.manifest_path, "content": "manifest"} for m in written],
+        rows_out=sum((m.existing_files_count or 0) for m in written),
+        bytes_out=sum(m.manifest_length for m in written),
+    )
+    return txn, producer, written
 
 
 def _still_prepared(ledger: Ledger, attempt: Attempt) -> None:
@@ -290,10 +304,8 @@ def cluster(
     outputs: list[_Output] = []
     for (content, spec_id), sources in groups.items():
         found = [contents[m.manifest_path] for m in sources]
-        headers = [c.header for c in found if c.header is not None]
-        uniform = len(headers) == len(found) and len({layout_key(h) for h in headers}) == 1
-        header = newest_header(headers) if uniform else None
-        overhead = HEADER_OVERHEAD + sum(len(k.encode()) + len(v.encode()) for k, v in (header or {}).items())
+        header = _uniform_header(found)
+        overhead = _header_overhead(header)
         size = sum(max(m.manifest_length - overhead, 1) for m in sources)  # bytes of the entries
         members = [(c, i) for c in found for i in range(len(c.entries))]
         if not members:
@@ -302,6 +314,18 @@ def cluster(
         members.sort(key=lambda m: _cluster_key(m[0].entries[m[1]]))
         outputs.extend(_Output(chunk, content, spec_id, header) for chunk in _chunks(members, capacity))
     return outputs
+
+
+def _uniform_header(found: Sequence[ManifestContents]) -> dict[str, str] | None:
+    """Which header a group is restated under: the newest, when all its sources share one entry layout; else None."""
+    headers = [c.header for c in found if c.header is not None]
+    uniform = len(headers) == len(found) and len({layout_key(h) for h in headers}) == 1
+    return newest_header(headers) if uniform else None
+
+
+def _header_overhead(header: dict[str, str] | None) -> int:
+    """How many bytes of a manifest are not entries: the file overhead and the header's keys and values."""
+    return HEADER_OVERHEAD + sum(len(k.encode()) + len(v.encode()) for k, v in (header or {}).items())
 
 
 def write_outputs(table: Table, outputs: Sequence[_Output], snapshot_id: int, prefix: str) -> list[ManifestFile]:

@@ -297,9 +297,42 @@ class RewriteFiles(OverwriteProducer):
         or a delete in its partition), the delete manifests of unpartitioned specs (global deletes),
         and, when a global delete is in question, the data manifests it can apply to (by their
         minimum sequence number)."""
+        manifests = self._snapshot_manifests(snapshot_id)
+        read = self._read_admitted(manifests)
+        files = {f.path: f for contents in read.values() for f in sequenced(contents)}
+        replaced = {f.file_path for f in self.deleted_files}
+        if missing := sorted(replaced - files.keys()):
+            raise ValidationException(f"Missing required files to delete: {', '.join(missing)}")
+        candidates = self._dangling_candidates(files, replaced)
+        upto = self._global_upto(list(candidates.values()), files, replaced)
+        self._read_data_upto(manifests, read, files, upto)
+        remaining = [f for f in files.values() if not f.is_delete and f.path not in replaced]
+        results = self._added_results()
+        self._validate_covered(files, [*remaining, *results])
+        left = dangling(list(candidates.values()), remaining, results, self._global_specs)
+        self._dangling = [d.data_file for d in left]
+        removed = replaced | {d.path for d in left}
+        return [
+            (manifest, read.get(i, _UNREAD), _removed_positions(read, i, removed))
+            for i, manifest in enumerate(manifests)
+        ]
+
+    def _snapshot_manifests(self, snapshot_id: int | None) -> list[ManifestFile]:
+        """Which manifests the snapshot has (none when there is no snapshot)."""
         metadata = self.table_metadata
         snapshot = metadata.snapshot_by_id(snapshot_id) if snapshot_id is not None else None
-        manifests = snapshot_manifests(snapshot, self.file_io, metadata.format_version) if snapshot is not None else []
+        return snapshot_manifests(snapshot, self.file_io, metadata.format_version) if snapshot is not None else []
+
+    def _dangling_candidates(self, files: dict[str, Sequenced], replaced: set[str]) -> dict[str, Sequenced]:
+        """Which live deletes (not replaced themselves) apply to a replaced data file, by path."""
+        deletes = ApplyingDeletes(
+            (f for f in files.values() if f.is_delete and f.path not in replaced), self._global_specs
+        )
+        replaced_data = [files[p] for p in replaced if not files[p].is_delete]
+        return {d.path: d for data in replaced_data for d in deletes.for_data_file(data)}
+
+    def _read_admitted(self, manifests: list[ManifestFile]) -> dict[int, ManifestContents]:
+        """Which manifests to read first: the global delete manifests and those the partition evaluator admits."""
         evaluators = KeyDefaultDict(self.manifest_evaluator)
         read: dict[int, ManifestContents] = {}
         for i, manifest in enumerate(manifests):
@@ -308,21 +341,16 @@ class RewriteFiles(OverwriteProducer):
             )
             if global_deletes or evaluators[manifest.partition_spec_id](manifest):
                 read[i] = self._contents(manifest)
-        files = {f.path: f for contents in read.values() for f in sequenced(contents)}
-        replaced = {f.file_path for f in self.deleted_files}
-        if missing := sorted(replaced - files.keys()):
-            raise ValidationException(f"Missing required files to delete: {', '.join(missing)}")
-        deletes = ApplyingDeletes(
-            (f for f in files.values() if f.is_delete and f.path not in replaced), self._global_specs
-        )
-        replaced_data = [files[p] for p in replaced if not files[p].is_delete]
-        candidates = {d.path: d for data in replaced_data for d in deletes.for_data_file(data)}
+        return read
+
+    def _global_upto(self, candidates: list[Sequenced], files: dict[str, Sequenced], replaced: set[str]) -> int:
+        """The highest data sequence number of a global delete in question (-1 when there is none)."""
         # a global delete (candidate, or replaced equality delete) can apply to data files of any partition
         in_question = [
-            *candidates.values(),
+            *candidates,
             *(files[p] for p in replaced if files[p].data_file.content == DataFileContent.EQUALITY_DELETES),
         ]
-        upto = max(
+        return max(
             (
                 f.data_sequence_number
                 for f in in_question
@@ -330,32 +358,31 @@ class RewriteFiles(OverwriteProducer):
             ),
             default=-1,
         )
+
+    def _read_data_upto(
+        self, manifests: list[ManifestFile], read: dict[int, ManifestContents], files: dict[str, Sequenced], upto: int
+    ) -> None:
+        """Which unread data manifests a global delete up to `upto` can apply to; reads them into `read` and `files`."""
         for i, manifest in enumerate(manifests):
             if i in read or manifest.content != ManifestContent.DATA or (manifest.min_sequence_number or 0) > upto:
                 continue
             read[i] = self._contents(manifest)
             files.update((f.path, f) for f in sequenced(read[i]))
-        remaining = [f for f in files.values() if not f.is_delete and f.path not in replaced]
-        results = [
+
+    def _added_results(self) -> list[Sequenced]:
+        """The added data files, with the data sequence numbers they are committed with."""
+        return [
             Sequenced(f, self._data_sequence_numbers[f.file_path] or 0)
             for f in self.added_files
             if f.content == DataFileContent.DATA
         ]
+
+    def _validate_covered(self, files: dict[str, Sequenced], kept: list[Sequenced]) -> None:
+        """Whether every attempt covered the data files its replaced equality deletes apply to; raises if not."""
         for rewrite in self._rewrites:
             sources = [files[f.file_path] for f in rewrite.replaced]
-            if reason := uncovered(sources, [*remaining, *results], rewrite.covered, self._global_specs):
+            if reason := uncovered(sources, kept, rewrite.covered, self._global_specs):
                 raise ValidationException(reason)
-        left = dangling(list(candidates.values()), remaining, results, self._global_specs)
-        self._dangling = [d.data_file for d in left]
-        removed = replaced | {d.path for d in left}
-        return [
-            (
-                manifest,
-                read.get(i, _UNREAD),
-                [j for j, e in enumerate(read[i].entries) if file_key(e.data_file) in removed] if i in read else [],
-            )
-            for i, manifest in enumerate(manifests)
-        ]
 
     def _contents(self, manifest: ManifestFile) -> ManifestContents:
         """A manifest's cached live entries; in a format-version-3 table with their data files'
@@ -467,6 +494,13 @@ class RewriteFiles(OverwriteProducer):
             ),
         )
         return merged + deletes
+
+
+def _removed_positions(read: dict[int, ManifestContents], i: int, removed: set[str]) -> list[int]:
+    """Which entries of manifest `i` this try removes (none when it was not read)."""
+    if i not in read:
+        return []
+    return [j for j, e in enumerate(read[i].entries) if file_key(e.data_file) in removed]
 
 
 def _value_predicate(name: str, value: Any) -> BooleanExpression:

@@ -57,7 +57,7 @@ from compaction_assets.lake.deletes import (
     referenced_data_file,
 )
 from compaction_assets.lake.features import refusal
-from compaction_assets.lake.files import live_files, partition_key
+from compaction_assets.lake.files import LiveFile, live_files, partition_key
 from compaction_assets.lake.format_v3 import read_entries
 from compaction_assets.lake.manifest_cache import forget
 from compaction_assets.lake.storage import PathSet, delete_unreferenced, files_with_prefix
@@ -161,24 +161,7 @@ def commit_together(
                 settle(attempt, partial(roll_back, table, ledger, attempt, refused))
             return
         live = {f.path: f for f in live_files(table)}
-        head = table.current_snapshot()
-        head_id = head.snapshot_id if head else None
-
-        def history_of(base: int | None, head_id: int | None = head_id) -> list[Snapshot]:
-            return base_history(table.metadata, base, head_id)
-
-        history: KeyDefaultDict[int | None, list[Snapshot]] = KeyDefaultDict(history_of)
-
-        def added_since_base(
-            base: int | None, history: Mapping[int | None, list[Snapshot]] = history
-        ) -> list[DataFile]:
-            return deletes_added_since(table.metadata, table.io, base, history[base])
-
-        added_since: KeyDefaultDict[int | None, list[DataFile]] = KeyDefaultDict(added_since_base)
-        global_specs = global_spec_ids(table.metadata.specs().values())
-        for attempt in list(pending):
-            if reason := conflict(attempt, live, history, added_since, global_specs, table.format_version):
-                settle(attempt, partial(roll_back, table, ledger, attempt, reason))
+        _roll_back_conflicting(table, ledger, pending, live, settle)
         if not pending:
             return
         try:
@@ -192,6 +175,52 @@ def commit_together(
             settle(attempt, partial(confirm_committed, table, ledger, attempt, peers=peers))
         return
     table.refresh()
+    _settle_after_tries(table, ledger, pending, peers, settle, last_error)
+
+
+def _roll_back_conflicting(
+    table: Table,
+    ledger: Ledger,
+    pending: list[Attempt],
+    live: dict[str, LiveFile],
+    settle: Callable[[Attempt, Callable[[], CommitResult]], None],
+) -> None:
+    """Which pending attempts conflict with the table as it is now (conflict); each of those rolls back alone."""
+    history, added_since = _conflict_lookups(table)
+    global_specs = global_spec_ids(table.metadata.specs().values())
+    for attempt in list(pending):
+        if reason := conflict(attempt, live, history, added_since, global_specs, table.format_version):
+            settle(attempt, partial(roll_back, table, ledger, attempt, reason))
+
+
+def _conflict_lookups(
+    table: Table,
+) -> tuple[KeyDefaultDict[int | None, list[Snapshot]], KeyDefaultDict[int | None, list[DataFile]]]:
+    """Which snapshots lead from a base to the head, and which deletes were added since (both lazy, per base)."""
+    head = table.current_snapshot()
+    head_id = head.snapshot_id if head else None
+
+    def history_of(base: int | None, head_id: int | None = head_id) -> list[Snapshot]:
+        return base_history(table.metadata, base, head_id)
+
+    history: KeyDefaultDict[int | None, list[Snapshot]] = KeyDefaultDict(history_of)
+
+    def added_since_base(base: int | None, history: Mapping[int | None, list[Snapshot]] = history) -> list[DataFile]:
+        return deletes_added_since(table.metadata, table.io, base, history[base])
+
+    added_since: KeyDefaultDict[int | None, list[DataFile]] = KeyDefaultDict(added_since_base)
+    return history, added_since
+
+
+def _settle_after_tries(
+    table: Table,
+    ledger: Ledger,
+    pending: list[Attempt],
+    peers: Mapping[str, Attempt],
+    settle: Callable[[Attempt, Callable[[], CommitResult]], None],
+    last_error: Exception | None,
+) -> None:
+    """Whether each attempt still pending after the last try landed after all: confirmed if so, else rolled back."""
     for attempt in list(pending):
         if commit_snapshot(table, attempt) is not None:
             settle(attempt, partial(confirm_committed, table, ledger, attempt, peers=peers))
@@ -286,28 +315,34 @@ def removed_deletes(
     ids = ((summary[ATTEMPT_ID_PROPERTY] or "") if summary is not None else "").split(",")
     if summary is None or not summary[REMOVED_DELETE_FILES] or attempt.attempt_id not in ids:
         return []
-    removed = [
+    removed = _deletes_removed_by(table, snapshot)
+    attempts = [a for i in ids if (a := attempt if i == attempt.attempt_id else peers.get(i) or ledger.get(i))]
+    return [d.file_path for d in removed if _delete_owner(table, attempts, d).attempt_id == attempt.attempt_id]
+
+
+def _deletes_removed_by(table: Table, snapshot: Snapshot) -> list[DataFile]:
+    """Which delete files the snapshot removed: DELETED entries it wrote into its own delete manifests."""
+    return [
         e.data_file
         for m in snapshot.manifests(table.io)
         if m.content == ManifestContent.DELETES and m.added_snapshot_id == snapshot.snapshot_id
         for e in read_entries(m, table.io, discard_deleted=False)  # v3 schema: a DV keeps its data file
         if e.status == ManifestEntryStatus.DELETED and e.snapshot_id == snapshot.snapshot_id
     ]
-    attempts = [a for i in ids if (a := attempt if i == attempt.attempt_id else peers.get(i) or ledger.get(i))]
 
-    def owner(delete_file: DataFile) -> Attempt:
-        referenced = referenced_data_file(delete_file)
-        key = partition_key(table, delete_file) if delete_file.spec_id in table.specs() else None
-        for rule in (
-            lambda a: delete_file.file_path in a.source_files,
-            lambda a: referenced is not None and referenced in a.source_files,
-            lambda a: a.partition_key == key,
-        ):
-            if matched := next((a for a in attempts if rule(a)), None):
-                return matched
-        return attempts[0]
 
-    return [d.file_path for d in removed if owner(d).attempt_id == attempt.attempt_id]
+def _delete_owner(table: Table, attempts: Sequence[Attempt], delete_file: DataFile) -> Attempt:
+    """Which attempt a removed delete file is counted for (see removed_deletes)."""
+    referenced = referenced_data_file(delete_file)
+    key = partition_key(table, delete_file) if delete_file.spec_id in table.specs() else None
+    for rule in (
+        lambda a: delete_file.file_path in a.source_files,
+        lambda a: referenced is not None and referenced in a.source_files,
+        lambda a: a.partition_key == key,
+    ):
+        if matched := next((a for a in attempts if rule(a)), None):
+            return matched
+    return attempts[0]
 
 
 def roll_back(table: Table, ledger: Ledger, attempt: Attempt, reason: str) -> BackOff:

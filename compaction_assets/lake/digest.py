@@ -101,20 +101,12 @@ def _flat_parts(column: pa.Array) -> list:
     """`column` as flat columns pandas can hash, row for row."""
     t = column.type
     if pa.types.is_struct(t):
-        parts: list = [column.is_valid().to_numpy(zero_copy_only=False)]
-        for k in range(t.num_fields):
-            parts += _flat_parts(column.field(k) if column.null_count == 0 else _masked(column, k))
-        return parts
+        return _struct_parts(column)
     if pa.types.is_map(t):  # a map is a list of key-value structs, entry order kept
         entries = pa.field("entries", pa.struct([t.key_field, t.item_field]), nullable=False)
         return _flat_parts(column.view(pa.list_(entries)))
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t):
-        lengths = pc.fill_null(pc.list_value_length(column), 0).to_numpy().astype(np.int64)
-        values = pc.list_flatten(column)
-        offsets = np.concatenate([[0], np.cumsum(lengths)])
-        element = _row_hashes(values, np.arange(len(values)) - np.repeat(offsets[:-1], lengths))
-        sums = np.concatenate([np.zeros(1, np.uint64), np.cumsum(element, dtype=np.uint64)])
-        return [column.is_valid().to_numpy(zero_copy_only=False), lengths, sums[offsets[1:]] - sums[offsets[:-1]]]
+        return _list_parts(column)
     if pa.types.is_timestamp(t):
         return [pc.cast(column, pa.timestamp("us")).cast(pa.int64()).to_pandas()]
     if pa.types.is_decimal(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
@@ -124,6 +116,24 @@ def _flat_parts(column: pa.Array) -> list:
     if isinstance(t, pa.ExtensionType):
         return _flat_parts(column.storage)
     return [column.to_pandas()]
+
+
+def _struct_parts(column: pa.StructArray) -> list:
+    """A struct column as flat columns: validity, then each field's (a null struct hiding its fields)."""
+    parts: list = [column.is_valid().to_numpy(zero_copy_only=False)]
+    for k in range(column.type.num_fields):
+        parts += _flat_parts(column.field(k) if column.null_count == 0 else _masked(column, k))
+    return parts
+
+
+def _list_parts(column: pa.Array) -> list:
+    """A list column as flat columns: validity, length, and the sum of its elements' hashes (with their positions)."""
+    lengths = pc.fill_null(pc.list_value_length(column), 0).to_numpy().astype(np.int64)
+    values = pc.list_flatten(column)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    element = _row_hashes(values, np.arange(len(values)) - np.repeat(offsets[:-1], lengths))
+    sums = np.concatenate([np.zeros(1, np.uint64), np.cumsum(element, dtype=np.uint64)])
+    return [column.is_valid().to_numpy(zero_copy_only=False), lengths, sums[offsets[1:]] - sums[offsets[:-1]]]
 
 
 def _masked(column: pa.StructArray, k: int) -> pa.Array:

@@ -30,6 +30,7 @@ import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
+from pyiceberg.avro.codecs.codec import Codec
 from pyiceberg.avro.codecs.deflate import DeflateCodec
 from pyiceberg.avro.decoder import new_decoder
 from pyiceberg.avro.encoder import BinaryEncoder
@@ -120,6 +121,24 @@ def read_manifest(manifest: ManifestFile, file_io: FileIO) -> ManifestContents:
     return ManifestContents(tuple(entries), dict(avro.header.meta), tuple(tails))
 
 
+def _restated_header(parts: Sequence[tuple[ManifestContents, Sequence[int]]]) -> dict[str, str]:
+    """Which header a restated manifest gets: the newest of the parts' (raises ValueError unless all
+    are restatable with one entry layout)."""
+    headers = [contents.header for contents, _ in parts]
+    if any(h is None for h in headers) or len({layout_key(h) for h in headers if h is not None}) != 1:
+        raise ValueError("restated entries must come from restatable manifests with one entry layout")
+    return newest_header([h for h in headers if h is not None])
+
+
+def _compressed(codec: type[Codec] | None, content: bytes) -> bytes:
+    """How a block's bytes are written: deflated fast for deflate, else by the header's codec, if any."""
+    if codec is DeflateCodec:
+        content = _deflate_fast(content)
+    elif codec:
+        content, _ = codec.compress(content)
+    return content
+
+
 def write_restated(
     output: OutputFile,
     parts: Sequence[tuple[ManifestContents, Sequence[int]]],
@@ -137,10 +156,7 @@ def write_restated(
     Returns its manifest-list entry (content as the header says), counted as pyiceberg's
     ManifestWriter counts.
     """
-    headers = [contents.header for contents, _ in parts]
-    if any(h is None for h in headers) or len({layout_key(h) for h in headers if h is not None}) != 1:
-        raise ValueError("restated entries must come from restatable manifests with one entry layout")
-    first = newest_header([h for h in headers if h is not None])
+    first = _restated_header(parts)
     deleted = status == ManifestEntryStatus.DELETED
     sync = os.urandom(SYNC_SIZE)
     out = io.BytesIO()
@@ -155,11 +171,7 @@ def write_restated(
 
     def flush() -> None:
         nonlocal in_block
-        content = block.getvalue()
-        if codec is DeflateCodec:
-            content = _deflate_fast(content)
-        elif codec:
-            content, _ = codec.compress(content)
+        content = _compressed(codec, block.getvalue())
         encoder.write_int(in_block)
         encoder.write_bytes(content)
         encoder.write(sync)

@@ -42,35 +42,54 @@ def orderable(arrow_type: pa.DataType) -> bool:
 
 def ordinals(values: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
     """(keys as uint64, valid) for every value; see the module doc. Raises TypeError for other types."""
-    if isinstance(values, pa.ChunkedArray):
-        values = values.combine_chunks() if values.num_chunks != 1 else values.chunk(0)
-    if isinstance(values.type, pa.BaseExtensionType):  # a uuid (extension<arrow.uuid>): its 16 bytes
-        values = values.storage
+    values = _plain_array(values)
     t = values.type
     valid = ~np.asarray(values.is_null(), dtype=bool) if values.null_count else np.ones(len(values), dtype=bool)
     if pa.types.is_dictionary(t):
         return ordinals(values.dictionary_decode())
-    if pa.types.is_boolean(t) or pa.types.is_unsigned_integer(t):
-        keys = np.asarray(values.cast(pa.uint64()).fill_null(0), dtype=np.uint64)
-    elif pa.types.is_signed_integer(t) or pa.types.is_temporal(t):
-        if pa.types.is_date32(t) or pa.types.is_time32(t):
-            values = values.cast(pa.int32())
-        keys = np.asarray(values.cast(pa.int64()).fill_null(0), dtype=np.int64).view(np.uint64) ^ _SIGN
-    elif pa.types.is_floating(t) or pa.types.is_decimal(t):
-        floats = np.asarray(values.cast(pa.float64(), safe=False).fill_null(0.0), dtype=np.float64) + 0.0
-        floats[np.isnan(floats)] = np.nan  # one NaN (positive), above +inf
-        bits = floats.view(np.uint64)
-        keys = np.where(bits & _SIGN, ~bits, bits | _SIGN)
-    elif pa.types.is_fixed_size_binary(t) or pa.types.is_string(t) or pa.types.is_binary(t):
-        keys = _prefixes(values.cast(pa.large_binary()) if not pa.types.is_fixed_size_binary(t) else values)
-    elif pa.types.is_large_string(t) or pa.types.is_large_binary(t):
-        keys = _prefixes(values.cast(pa.large_binary()))
-    else:
-        raise TypeError(f"values of type {t} have no order-preserving key")
-    keys = np.asarray(keys, dtype=np.uint64)  # may be a read-only view of the Arrow buffer
+    keys = np.asarray(_keys(values, t), dtype=np.uint64)  # may be a read-only view of the Arrow buffer
     if not valid.all():
         keys = np.where(valid, keys, np.uint64(0))
     return keys, valid
+
+
+def _plain_array(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """Which array to key: one chunk (combined if need be), an extension type's storage."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks() if values.num_chunks != 1 else values.chunk(0)
+    if isinstance(values.type, pa.BaseExtensionType):  # a uuid (extension<arrow.uuid>): its 16 bytes
+        values = values.storage
+    return values
+
+
+def _keys(values: pa.Array, t: pa.DataType) -> np.ndarray:
+    """Which key mapping the type takes (see the module doc); raises TypeError for other types."""
+    if pa.types.is_boolean(t) or pa.types.is_unsigned_integer(t):
+        return np.asarray(values.cast(pa.uint64()).fill_null(0), dtype=np.uint64)
+    if pa.types.is_signed_integer(t) or pa.types.is_temporal(t):
+        return _signed_keys(values, t)
+    if pa.types.is_floating(t) or pa.types.is_decimal(t):
+        return _float_keys(values)
+    if pa.types.is_fixed_size_binary(t) or pa.types.is_string(t) or pa.types.is_binary(t):
+        return _prefixes(values.cast(pa.large_binary()) if not pa.types.is_fixed_size_binary(t) else values)
+    if pa.types.is_large_string(t) or pa.types.is_large_binary(t):
+        return _prefixes(values.cast(pa.large_binary()))
+    raise TypeError(f"values of type {t} have no order-preserving key")
+
+
+def _signed_keys(values: pa.Array, t: pa.DataType) -> np.ndarray:
+    """Signed integers and temporal values: their integer (32-bit ones widened), sign bit flipped."""
+    if pa.types.is_date32(t) or pa.types.is_time32(t):
+        values = values.cast(pa.int32())
+    return np.asarray(values.cast(pa.int64()).fill_null(0), dtype=np.int64).view(np.uint64) ^ _SIGN
+
+
+def _float_keys(values: pa.Array) -> np.ndarray:
+    """Floats and decimals: the float64's bits, flipped so negatives order below positives, NaN above +inf."""
+    floats = np.asarray(values.cast(pa.float64(), safe=False).fill_null(0.0), dtype=np.float64) + 0.0
+    floats[np.isnan(floats)] = np.nan  # one NaN (positive), above +inf
+    bits = floats.view(np.uint64)
+    return np.where(bits & _SIGN, ~bits, bits | _SIGN)
 
 
 def _prefixes(values: pa.Array) -> np.ndarray:

@@ -38,6 +38,7 @@ from compaction_assets.errors import CompactionError, ConfigError
 from compaction_assets.faults import crash_point
 from compaction_assets.lake.storage import (
     Claims,
+    Listed,
     OutsideTableLocation,
     PathSet,
     PrefixMismatch,
@@ -130,23 +131,11 @@ def collect_garbage(
     claims |= ledger.open_claims(name)  # after the listing: an attempt that wrote a listed file began before
     older_than_ms = orphan_cutoff_ms(now_ms, policy.orphan_grace_ms, claims)
     try:
-        expired_only = sorted(p for p in expired_paths if p not in retained and not claims.covers(p))
-        orphans = sorted(  # files of expired snapshots are not orphans: counted once, above
-            p
-            for p, info in listed.items()
-            if info.mtime_ms is not None
-            and info.mtime_ms < older_than_ms
-            and p not in referenced
-            and not claims.covers(p)
-        )
+        expired_only = _expired_only(expired_paths, retained, claims)
+        orphans = _orphans(listed, older_than_ms, referenced, claims)
     except PrefixMismatch as exc:
         raise PrefixMismatch(f"table '{name}': refusing GC: {exc}") from None
-    outside = [p for p in [*expired_only, *orphans] if not is_inside(p, location)]
-    if outside:
-        raise OutsideTableLocation(
-            f"table '{name}': refusing GC: {outside[0]} is outside the table location {location} "
-            f"({len(outside)} such path(s)); nothing was expired or deleted"
-        )
+    _refuse_outside(name, location, [*expired_only, *orphans])
     report.snapshots_expired = [s.snapshot_id for s in expired]
     report.expired_files, report.orphan_files = expired_only, orphans
     report.bytes_reclaimed = sum(file_sizes(table.io, expired_only).values()) + sum(listed[p].size for p in orphans)
@@ -157,6 +146,30 @@ def collect_garbage(
     crash_point("gc_after_expire")
     delete_unreferenced(table, [*expired_only, *orphans], claims)
     return report
+
+
+def _expired_only(expired_paths: Iterable[str], retained: PathSet, claims: Claims) -> list[str]:
+    """Which files of expired snapshots to delete: those no retained snapshot or open attempt references."""
+    return sorted(p for p in expired_paths if p not in retained and not claims.covers(p))
+
+
+def _orphans(listed: dict[str, Listed], older_than_ms: int, referenced: PathSet, claims: Claims) -> list[str]:
+    """Which listed files are orphans: older than the cutoff, referenced by no snapshot nor open attempt."""
+    return sorted(  # files of expired snapshots are not orphans: counted once, above
+        p
+        for p, info in listed.items()
+        if info.mtime_ms is not None and info.mtime_ms < older_than_ms and p not in referenced and not claims.covers(p)
+    )
+
+
+def _refuse_outside(name: str, location: str, paths: list[str]) -> None:
+    """Whether every path to delete is inside the table location; raises OutsideTableLocation if not."""
+    outside = [p for p in paths if not is_inside(p, location)]
+    if outside:
+        raise OutsideTableLocation(
+            f"table '{name}': refusing GC: {outside[0]} is outside the table location {location} "
+            f"({len(outside)} such path(s)); nothing was expired or deleted"
+        )
 
 
 def orphan_cutoff_ms(now_ms: int, grace_ms: int, claims: Claims) -> int:
