@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from types import ModuleType
 
+    from compaction_assets.status import QueueStatus, TableStatus
+
 
 def open_engine(ctx: click.Context, read_only: bool = False, new_catalog: bool = False) -> Engine:
     """The engine for the config. A SQLite catalog file must exist already unless `new_catalog` (a
@@ -151,15 +153,25 @@ def expire(ctx: click.Context, table: str, partition: str | None, dry_run: bool)
     The same code path as the asset's (which runs expirations first); --dry-run only shows them."""
     engine = open_engine(ctx, read_only=dry_run)
     if not dry_run:
-        outcomes = engine.expire(table, partition=partition)
-        expired = [o for o in outcomes if o.kind == Kind.EXPIRE]
-        print_outcomes(expired)
-        _to_dagster(engine, lambda home, events: events.report_outcomes(home, engine, expired))
-        if not expired:
-            click.echo(f"{table}: nothing past retention")
-        if not all(o.ok for o in outcomes):
-            sys.exit(1)
+        _expire_now(engine, table, partition)
         return
+    _show_expiry(engine, table, partition)
+
+
+def _expire_now(engine: Engine, table: str, partition: str | None) -> None:
+    """Runs the expiration, prints and reports its outcomes; exits 1 if any failed."""
+    outcomes = engine.expire(table, partition=partition)
+    expired = [o for o in outcomes if o.kind == Kind.EXPIRE]
+    print_outcomes(expired)
+    _to_dagster(engine, lambda home, events: events.report_outcomes(home, engine, expired))
+    if not expired:
+        click.echo(f"{table}: nothing past retention")
+    if not all(o.ok for o in outcomes):
+        sys.exit(1)
+
+
+def _show_expiry(engine: Engine, table: str, partition: str | None) -> None:
+    """Prints what an expiration would drop and rewrite (--dry-run), or why there is none."""
     tplan = engine.plan(table, partition)
     if isinstance(tplan.expire, str) or tplan.expire is None:
         click.echo(f"{table}: {tplan.expire or 'expiration is off (set compaction.expire.field and retention-ms)'}")
@@ -313,6 +325,17 @@ def status(ctx: click.Context, as_json: bool) -> None:
         return
     if server:
         click.echo(server[1] + "\n")
+    _echo_queues(queues, home)
+    _echo_tables(tables)
+    click.echo("\ntasks by state: " + (", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none yet"))
+    for a in engine.ledger.attempts(statuses=OPEN):
+        click.echo(
+            f"  {a.status:10} {a.table_name} [{a.partition_key or '-'}] attempt {a.attempt_id} since {a.created_at}"
+        )
+
+
+def _echo_queues(queues: list[QueueStatus], home: Path | None) -> None:
+    """`status`: the queue table, then where its run counts came from (or why there are none)."""
     click.echo(f"{'queue':12} {'running':>8} {'queued':>7} {'capacity':>9} {'limit':>6}")
     for q in queues:
         running, queued = ("-", "-") if q.running is None else (q.running, q.queued)
@@ -323,6 +346,10 @@ def status(ctx: click.Context, as_json: bool) -> None:
         else "(running/queued: no Dagster instance found; set DAGSTER_HOME to the deployment's, "
         "or run `compaction-assets demo` beside this config, which keeps one in .dagster_home)"
     )
+
+
+def _echo_tables(tables: list[TableStatus]) -> None:
+    """`status`: the table of tables, each with its state (error, PAUSED or active)."""
     click.echo(
         f"\n{'table':24} {'queue':8} {'files':>6} {'frag':>5} {'small':>5} {'avg bytes':>10} "
         f"{'to do':>5} {'open':>4}  state / last compaction"
@@ -333,11 +360,6 @@ def status(ctx: click.Context, as_json: bool) -> None:
             f"{t.table:24} {t.queue:8} {t.data_files:>6} {t.fragments:>5} {t.small_files:>5} "
             f"{t.avg_file_bytes:>10} {t.partitions_to_compact:>5} {t.open_tasks:>4}  "
             f"{state}, {t.last_compaction or 'never'}"
-        )
-    click.echo("\ntasks by state: " + (", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none yet"))
-    for a in engine.ledger.attempts(statuses=OPEN):
-        click.echo(
-            f"  {a.status:10} {a.table_name} [{a.partition_key or '-'}] attempt {a.attempt_id} since {a.created_at}"
         )
 
 

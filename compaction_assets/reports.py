@@ -41,9 +41,31 @@ def plan_doc(table: str, tplan: TablePlan, in_flight: list[str]) -> dict:
 
 def plan_lines(table: str, tplan: TablePlan, in_flight: list[str]) -> list[str]:
     """`plan`: the policy, then a line per partition and what is in flight."""
-    lines = []
-    policy = tplan.policy
+    lines = [_policy_line(table, tplan)]
+    lines += _table_notes(tplan)
     lines.append(
+        f"{'partition':32} {'files':>6} {'bytes':>12} {'frag':>5} {'under':>5} {'posdel':>6} {'eqdel':>5} "
+        f"{'deleted':>9} {'ratio':>5} {'amp':>6}  plan"
+    )
+    for p in tplan.partitions:
+        s = p.stats
+        lines.append(
+            f"{p.partition_key or '(unpartitioned)':32} {s.data_files:>6} {s.data_bytes:>12} "
+            f"{s.fragments:>5} {s.undersized:>5} {s.position_delete_files:>6} {s.equality_delete_files:>5} "
+            f"{s.deleted_rows:>9} {s.delete_ratio:>5.2f} {s.read_amplification:>6.2f}  {_partition_plan(p)}"
+        )
+    lines.append(f"{len(tplan.to_compact)} of {len(tplan.partitions)} partition(s) to compact")
+    for line in in_flight:
+        lines.append(f"in flight: {line}")
+    if (m := tplan.manifests) is not None:
+        lines.append(_manifests_line(m, bool(tplan.to_compact)))
+    return lines
+
+
+def _policy_line(table: str, tplan: TablePlan) -> str:
+    """`plan`'s first line: the table's snapshot and compaction policy."""
+    policy = tplan.policy
+    return (
         f"{table} @ snapshot {tplan.snapshot_id}: target {policy.target_file_size_bytes} B, "
         f"fragment <= {policy.fragment_max_bytes} B, undersized < {policy.undersized_below_bytes} B, "
         f"min_input_files {policy.min_input_files}; delete triggers: >= {policy.delete_file_threshold} delete "
@@ -56,6 +78,12 @@ def plan_lines(table: str, tplan: TablePlan, in_flight: list[str]) -> list[str]:
             else "full optimizing off"
         )
     )
+
+
+def _table_notes(tplan: TablePlan) -> list[str]:
+    """`plan`'s table-wide notes: clustering, why it is not compacted, data expiration."""
+    lines = []
+    policy = tplan.policy
     if tplan.clustering:
         lines.append(
             f"clustering: {tplan.clustering.describe()}; cluster when bounds overlap >= "
@@ -66,39 +94,30 @@ def plan_lines(table: str, tplan: TablePlan, in_flight: list[str]) -> list[str]:
     if tplan.expire is not None:
         expiry = tplan.expire if isinstance(tplan.expire, str) else f"expires rows where {tplan.expire.describe()}"
         lines.append(f"data expiration: {expiry}")
-    lines.append(
-        f"{'partition':32} {'files':>6} {'bytes':>12} {'frag':>5} {'under':>5} {'posdel':>6} {'eqdel':>5} "
-        f"{'deleted':>9} {'ratio':>5} {'amp':>6}  plan"
-    )
-    for p in tplan.partitions:
-        s = p.stats
-        if not p.worth_compacting:
-            what = f"nothing: {p.reason}"
-        elif p.drop_paths or p.kind == Kind.EXPIRE:
-            what = f"{expire_summary(p)}, benefit {p.benefit:.2f}; {p.reason}"
-        elif p.is_tier:
-            what = (
-                f"{len(p.delete_paths)} delete files over {len(p.covered_data_paths)} data files, "
-                f"benefit {p.benefit:.2f}; {p.reason}"
-            )
-        else:
-            what = f"{p.input_files} files in {len(p.groups)} group(s), benefit {p.benefit:.2f}; {p.reason}"
-        lines.append(
-            f"{p.partition_key or '(unpartitioned)':32} {s.data_files:>6} {s.data_bytes:>12} "
-            f"{s.fragments:>5} {s.undersized:>5} {s.position_delete_files:>6} {s.equality_delete_files:>5} "
-            f"{s.deleted_rows:>9} {s.delete_ratio:>5.2f} {s.read_amplification:>6.2f}  {what}"
-        )
-    lines.append(f"{len(tplan.to_compact)} of {len(tplan.partitions)} partition(s) to compact")
-    for line in in_flight:
-        lines.append(f"in flight: {line}")
-    if (m := tplan.manifests) is not None:
-        if not m.due:
-            lines.append(f"table: nothing: {m.reason}")
-        elif tplan.to_compact:
-            lines.append(f"table: {m.kind} after the compactions (they merge manifests too): {m.reason}")
-        else:
-            lines.append(f"table: {m.kind}, benefit {m.benefit:.2f}; {m.reason}")
     return lines
+
+
+def _partition_plan(p: PartitionPlan) -> str:
+    """Decides a partition's plan column: nothing, expiry, a delete tier or a rewrite."""
+    if not p.worth_compacting:
+        return f"nothing: {p.reason}"
+    if p.drop_paths or p.kind == Kind.EXPIRE:
+        return f"{expire_summary(p)}, benefit {p.benefit:.2f}; {p.reason}"
+    if p.is_tier:
+        return (
+            f"{len(p.delete_paths)} delete files over {len(p.covered_data_paths)} data files, "
+            f"benefit {p.benefit:.2f}; {p.reason}"
+        )
+    return f"{p.input_files} files in {len(p.groups)} group(s), benefit {p.benefit:.2f}; {p.reason}"
+
+
+def _manifests_line(m: ManifestPlan, compacting: bool) -> str:
+    """Decides the table's manifest line: nothing due, after the compactions, or on its own."""
+    if not m.due:
+        return f"table: nothing: {m.reason}"
+    if compacting:
+        return f"table: {m.kind} after the compactions (they merge manifests too): {m.reason}"
+    return f"table: {m.kind}, benefit {m.benefit:.2f}; {m.reason}"
 
 
 def _manifests_doc(m: ManifestPlan | None) -> dict | None:

@@ -9,6 +9,7 @@ from typing import TypedDict
 from compaction_assets.commit.ledger import OPEN, Status
 from compaction_assets.config import SparkConfig
 from compaction_assets.engine.facade import Engine
+from compaction_assets.engine.table_plan import TablePlan
 from compaction_assets.errors import CompactionError
 from compaction_assets.lake.catalog import load_table, managed_tables
 
@@ -53,37 +54,45 @@ def table_statuses(engine: Engine) -> list[TableStatus]:
     attempts = engine.ledger.attempts()
     statuses = []
     for name in managed_tables(engine.catalog, engine.config):
-        rule = engine.config.managed_rule(name)
-        mine = [a for a in attempts if a.table_name == name]
-        committed = [a.finished_at for a in mine if a.status == Status.COMMITTED and a.finished_at]
-        base: _TableFacts = {
-            "table": name,
-            "queue": rule.queue,
-            "priority": rule.priority,
-            "open_tasks": sum(a.status in OPEN for a in mine),
-            "last_compaction": max(committed).isoformat() if committed else None,
-        }
+        base = _table_facts(engine, name, attempts)
         try:
             plan = engine.plan_for(load_table(engine.catalog, name), name)
         except CompactionError as exc:
             zero = {"partitions": 0, "data_files": 0, "fragments": 0, "small_files": 0, "avg_file_bytes": 0}
             statuses.append(TableStatus(**base, **zero, paused=False, partitions_to_compact=0, error=str(exc)))
             continue
-        stats = [p.stats for p in plan.partitions]
-        files = sum(s.data_files for s in stats)
-        statuses.append(
-            TableStatus(
-                **base,
-                paused=not plan.policy.enabled,
-                partitions=len(stats),
-                data_files=files,
-                fragments=sum(s.fragments for s in stats),
-                small_files=sum(s.undersized for s in stats),
-                avg_file_bytes=sum(s.data_bytes for s in stats) // files if files else 0,
-                partitions_to_compact=len(plan.to_compact),
-            )
-        )
+        statuses.append(_planned_status(base, plan))
     return statuses
+
+
+def _table_facts(engine: Engine, name: str, attempts: list) -> _TableFacts:
+    """A table's queue, priority and task facts from its rule and the ledger's attempts."""
+    rule = engine.config.managed_rule(name)
+    mine = [a for a in attempts if a.table_name == name]
+    committed = [a.finished_at for a in mine if a.status == Status.COMMITTED and a.finished_at]
+    return {
+        "table": name,
+        "queue": rule.queue,
+        "priority": rule.priority,
+        "open_tasks": sum(a.status in OPEN for a in mine),
+        "last_compaction": max(committed).isoformat() if committed else None,
+    }
+
+
+def _planned_status(base: _TableFacts, plan: TablePlan) -> TableStatus:
+    """A table's status from its plan: file counts and sizes summed over its partitions."""
+    stats = [p.stats for p in plan.partitions]
+    files = sum(s.data_files for s in stats)
+    return TableStatus(
+        **base,
+        paused=not plan.policy.enabled,
+        partitions=len(stats),
+        data_files=files,
+        fragments=sum(s.fragments for s in stats),
+        small_files=sum(s.undersized for s in stats),
+        avg_file_bytes=sum(s.data_bytes for s in stats) // files if files else 0,
+        partitions_to_compact=len(plan.to_compact),
+    )
 
 
 def queue_statuses(engine: Engine, load: Mapping[str, tuple[int, int]] | None) -> list[QueueStatus]:

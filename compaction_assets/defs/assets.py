@@ -114,24 +114,9 @@ def compact_table(
     key = table_key(table_name)
     keys = list(context.partition_keys) if partitioned else [""]
     engine = compaction.engine(spark=pyspark)
-    run_id = context.run.run_id
-    if len(keys) == 1:  # one partition: it must exist
-        outcomes = engine.compact(table_name, partition=keys[0] or None, task_id=run_id)
-    else:
-        outcomes = engine.compact(table_name, task_id=run_id, partitions=keys)
-    # a log line is an event Dagster stores: one per failed partition, the others counted
-    for o in outcomes if len(outcomes) == 1 else [o for o in outcomes if not o.ok]:
-        context.log.info(redact(f"{table_name} [{o.partition_key or 'unpartitioned'}]: {o.status}: {o.reason}"))
-    if len(outcomes) > 1:
-        counts = Counter(o.status for o in outcomes)
-        context.log.info(f"{table_name}: {', '.join(f'{n} {status}' for status, n in sorted(counts.items()))}")
-    seconds = max((o.seconds for o in outcomes), default=0.0)
-    fixed = run_fixed_cost(context, seconds)
-    context.log.info(
-        f"dagster_run_fixed_cost_s={fixed:.2f} (run launch to result, less {seconds:.2f}s of compaction "
-        f"of {len(keys)} partition(s); spark "
-        f"{'connect' if engine.config.spark.mode == 'connect' else 'local: a JVM of its own'})"
-    )
+    outcomes = _compact_partitions(engine, table_name, keys, context.run.run_id)
+    _log_outcomes(context, table_name, outcomes)
+    fixed = _log_fixed_cost(context, engine, keys, outcomes)
     run_figures = {"dagster_run_fixed_cost_s": round(fixed, 2), "partitions_in_run": len(keys)}
     for o in outcomes:
         if o.ok:
@@ -141,6 +126,42 @@ def compact_table(
             yield from _consistency(engine, table_name, key, keys, outcomes, partitioned)
             # the check's evaluations are the events above; its output only says they were all reported
             yield Output(None, output_name=name)
+    return _failures(table_name, keys, outcomes, queue)
+
+
+def _compact_partitions(engine: Engine, table_name: str, keys: list[str], run_id: str) -> list[PartitionOutcome]:
+    """Compacts the run's partitions: one (which must exist) by itself, several as a range."""
+    if len(keys) == 1:  # one partition: it must exist
+        return engine.compact(table_name, partition=keys[0] or None, task_id=run_id)
+    return engine.compact(table_name, task_id=run_id, partitions=keys)
+
+
+def _log_outcomes(context: AssetExecutionContext, table_name: str, outcomes: list[PartitionOutcome]) -> None:
+    """Logs a single outcome, or each failed one and the counts per status of several."""
+    # a log line is an event Dagster stores: one per failed partition, the others counted
+    for o in outcomes if len(outcomes) == 1 else [o for o in outcomes if not o.ok]:
+        context.log.info(redact(f"{table_name} [{o.partition_key or 'unpartitioned'}]: {o.status}: {o.reason}"))
+    if len(outcomes) > 1:
+        counts = Counter(o.status for o in outcomes)
+        context.log.info(f"{table_name}: {', '.join(f'{n} {status}' for status, n in sorted(counts.items()))}")
+
+
+def _log_fixed_cost(
+    context: AssetExecutionContext, engine: Engine, keys: list[str], outcomes: list[PartitionOutcome]
+) -> float:
+    """Logs and returns the run's fixed cost: launch to result, less the longest compaction."""
+    seconds = max((o.seconds for o in outcomes), default=0.0)
+    fixed = run_fixed_cost(context, seconds)
+    context.log.info(
+        f"dagster_run_fixed_cost_s={fixed:.2f} (run launch to result, less {seconds:.2f}s of compaction "
+        f"of {len(keys)} partition(s); spark "
+        f"{'connect' if engine.config.spark.mode == 'connect' else 'local: a JVM of its own'})"
+    )
+    return fixed
+
+
+def _failures(table_name: str, keys: list[str], outcomes: list[PartitionOutcome], queue: str) -> list[Failure]:
+    """Decides the run's Failure naming each failed partition, or none if all succeeded."""
     failed = [o for o in outcomes if not o.ok]
     if not failed:
         return []

@@ -204,21 +204,8 @@ def convert_equality_deletes(
     Raises InputFileError naming a file that cannot be read; files written so far are deleted.
     """
     schema = metadata.schema()
-    top_level = {f.field_id for f in schema.fields}
-    by_ids: dict[tuple[int, ...], list[TierFile]] = {}
-    for delete in job.deletes:
-        ids = tuple(sorted(delete.equality_ids or ()))
-        if not ids:
-            raise ValueError(f"{delete.path} is not an equality delete file (no equality_ids)")
-        if any(i not in top_level for i in ids):
-            raise ValueError(f"equality delete file {delete.path}: field ids {list(ids)} are not all top-level columns")
-        by_ids.setdefault(ids, []).append(delete)
-    key_ids = sorted({i for ids in by_ids for i in ids})
-    key_schema = Schema(*[schema.find_field(i) for i in key_ids])
-    types = {
-        i: _storage(t)
-        for i, t in zip(key_ids, schema_to_pyarrow(key_schema, include_field_ids=False).types, strict=True)
-    }
+    by_ids = _deletes_by_ids(job.deletes, {f.field_id for f in schema.fields})
+    key_schema, types = _key_schema(schema, by_ids)
     newest = max((d.sequence_number for d in job.deletes), default=0)
     partition = decode_partition(job.partition)
 
@@ -231,22 +218,11 @@ def convert_equality_deletes(
     chunk_rows = max(CHUNK_ROWS, max((len(k.table) for k in keys), default=0))
     name = f"{job.output_dir.rstrip('/')}/{job.file_prefix}-{index:05d}-deletes"
     writer = PositionDeleteWriter(io, name, job.spec_id, partition, target_file_size_bytes)
-    rows_read = rows_written = 0
     try:
-        chunk: list[pa.Table] = []
-        buffered = 0
-        for number, data_file in enumerate(to_read):
-            projected = projected_batches(metadata, io, key_schema, data_file, partition, job.spec_id)
-            start = 0
-            for batch in projected:
-                chunk.append(_data_keys(batch, key_schema, types, number, start))
-                start += batch.num_rows
-            rows_read += start
-            bytes_read += data_file.size
-            buffered += start
-            if buffered >= chunk_rows or number == len(to_read) - 1:
-                rows_written += _match_chunk(pa.concat_tables(chunk), keys, seqs, paths, writer)
-                chunk, buffered = [], 0
+        rows_read, rows_written, read_bytes = _match_data_files(
+            metadata, io, job, key_schema, types, partition, to_read, chunk_rows, keys, seqs, paths, writer
+        )
+        bytes_read += read_bytes
         written = writer.close()
     except BaseException:
         writer.abort()
@@ -254,6 +230,64 @@ def convert_equality_deletes(
     return TierOutcome(
         index, Tier.CONVERT_EQUALITY_DELETES, written, [f.path for f in data], rows_read, rows_written, 0, bytes_read
     )
+
+
+def _deletes_by_ids(deletes: list[TierFile], top_level: set[int]) -> dict[tuple[int, ...], list[TierFile]]:
+    """Groups equality delete files by their sorted field ids; raises for one with none or a nested id."""
+    by_ids: dict[tuple[int, ...], list[TierFile]] = {}
+    for delete in deletes:
+        ids = tuple(sorted(delete.equality_ids or ()))
+        if not ids:
+            raise ValueError(f"{delete.path} is not an equality delete file (no equality_ids)")
+        if any(i not in top_level for i in ids):
+            raise ValueError(f"equality delete file {delete.path}: field ids {list(ids)} are not all top-level columns")
+        by_ids.setdefault(ids, []).append(delete)
+    return by_ids
+
+
+def _key_schema(schema: Schema, by_ids: dict[tuple[int, ...], list[TierFile]]) -> tuple[Schema, dict[int, pa.DataType]]:
+    """Decides the key columns to read from data files (every field id of any delete) and their Arrow storage types."""
+    key_ids = sorted({i for ids in by_ids for i in ids})
+    key_schema = Schema(*[schema.find_field(i) for i in key_ids])
+    types = {
+        i: _storage(t)
+        for i, t in zip(key_ids, schema_to_pyarrow(key_schema, include_field_ids=False).types, strict=True)
+    }
+    return key_schema, types
+
+
+def _match_data_files(
+    metadata: TableMetadata,
+    io: FileIO,
+    job: TierJob,
+    key_schema: Schema,
+    types: dict[int, pa.DataType],
+    partition: Record,
+    to_read: list[TierFile],
+    chunk_rows: int,
+    keys: list[_KeySet],
+    seqs: pa.Array,
+    paths: pa.Array,
+    writer: PositionDeleteWriter,
+) -> tuple[int, int, int]:
+    """Reads the data files' keys in chunks of about `chunk_rows` and writes the matched positions:
+    returns rows read, rows written and data bytes read."""
+    rows_read = rows_written = bytes_read = 0
+    chunk: list[pa.Table] = []
+    buffered = 0
+    for number, data_file in enumerate(to_read):
+        projected = projected_batches(metadata, io, key_schema, data_file, partition, job.spec_id)
+        start = 0
+        for batch in projected:
+            chunk.append(_data_keys(batch, key_schema, types, number, start))
+            start += batch.num_rows
+        rows_read += start
+        bytes_read += data_file.size
+        buffered += start
+        if buffered >= chunk_rows or number == len(to_read) - 1:
+            rows_written += _match_chunk(pa.concat_tables(chunk), keys, seqs, paths, writer)
+            chunk, buffered = [], 0
+    return rows_read, rows_written, bytes_read
 
 
 class _KeySet:

@@ -215,16 +215,11 @@ class ExternalSort:
         kinds: set[str] = set()
         for batch in run.batches():
             column = _comparable((transform(batch) if transform else batch).column(name))
-            nan = ordinal.is_nan(column)
-            null = np.asarray(column.is_null(), dtype=bool)
-            kinds.update(k for k, flags in (("nan", nan), ("null", null)) if flags.any())
-            values = column.filter(pa.array(~(nan | null))) if (nan.any() or null.any()) else column
+            values = _values(column, kinds)
             if not len(values):
                 continue
             kinds.add("value")
-            bounds = pc.min_max(values)
-            low = bounds["min"] if low is None or pc.less(bounds["min"], low).as_py() else low
-            high = bounds["max"] if high is None or pc.greater(bounds["max"], high).as_py() else high
+            low, high = _widen(low, high, values)
             rows = self._rng.choice(len(values), size=self._rng.binomial(len(values), share), replace=False)
             picked.append(values.take(pa.array(np.sort(rows), pa.int64())))
         spread = low is not None and pc.less(low, high).as_py()
@@ -317,6 +312,22 @@ class Splitters:
         if not len(self.heavy):
             return set()
         return set(self.bucket_ids(self.heavy).tolist())
+
+
+def _values(column: pa.Array | pa.ChunkedArray, kinds: set[str]) -> pa.Array | pa.ChunkedArray:
+    """A column's values that are neither NaN nor null; adds "nan" and "null" to `kinds` if it holds them."""
+    nan = ordinal.is_nan(column)
+    null = np.asarray(column.is_null(), dtype=bool)
+    kinds.update(k for k, flags in (("nan", nan), ("null", null)) if flags.any())
+    return column.filter(pa.array(~(nan | null))) if (nan.any() or null.any()) else column
+
+
+def _widen(low: pa.Scalar | None, high: pa.Scalar | None, values: pa.Array | pa.ChunkedArray) -> tuple:
+    """Decides the smallest and largest value so far, given the next (non-empty) values."""
+    bounds = pc.min_max(values)
+    low = bounds["min"] if low is None or pc.less(bounds["min"], low).as_py() else low
+    high = bounds["max"] if high is None or pc.greater(bounds["max"], high).as_py() else high
+    return low, high
 
 
 def _count_below(column: pa.Array, splitters: pa.Array, strict: bool) -> np.ndarray:

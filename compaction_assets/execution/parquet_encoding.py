@@ -35,6 +35,7 @@ from pyiceberg.io.fileformat import DataFileStatistics
 from pyiceberg.io.pyarrow import (
     MetricModeTypes,
     ParquetFormatWriter,
+    StatisticsCollector,
     StatsAggregator,
     compute_statistics_plan,
     data_file_statistics_from_parquet_metadata,
@@ -106,6 +107,15 @@ def file_statistics(footer: pq.FileMetaData, schema: Schema, properties: dict[st
     counted = {i: replace(c, mode=match_metrics_mode("counts")) for i, c in nanos.items()}
     ids = parquet_path_to_id_mapping(schema)
     statistics = data_file_statistics_from_parquet_metadata(footer, {**plan, **counted}, ids)
+    statistics.column_aggregates.update(_nano_bounds(footer, ids, nanos))
+    return statistics
+
+
+def _nano_bounds(
+    footer: pq.FileMetaData, ids: dict[str, int], nanos: dict[int, StatisticsCollector]
+) -> dict[int, StatsAggregator]:
+    """Bounds of the `nanos` columns from the row groups' raw INT64 values; none for a column
+    some row group (not only nulls) has no min and max for."""
     bounds: dict[int, StatsAggregator] = {}
     unknown: set[int] = set()
     for group in range(footer.num_row_groups):
@@ -123,8 +133,7 @@ def file_statistics(footer: pq.FileMetaData, schema: Schema, properties: dict[st
             aggregate = bounds.setdefault(field_id, StatsAggregator(nanos[field_id].iceberg_type, stats.physical_type))
             aggregate.update_min(stats.min_raw)
             aggregate.update_max(stats.max_raw)
-    statistics.column_aggregates.update({i: a for i, a in bounds.items() if i not in unknown})
-    return statistics
+    return {i: a for i, a in bounds.items() if i not in unknown}
 
 
 class ArrowPathWriter(ParquetFormatWriter):

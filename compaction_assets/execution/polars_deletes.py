@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -64,30 +64,54 @@ def deleted_positions(
     wanted = [deletes.key_columns(s) if s.deletes and s.records else [] for s in sources]
     names = list(dict.fromkeys(n for w in wanted for n in w))
     uniform = deletes.uniform_keys(sources) if names else None
-    if uniform is not None:  # the scan tests each row's key itself: a mask per source
-        name, keys, nulls = uniform
-        read = _key_columns(storage, sources, [by_name[name]], target, [name], footer_bytes, (keys, nulls))
-    elif names:
-        read = _key_columns(storage, sources, [by_name[n] for n in names], target, names, footer_bytes)
-    elif storage.io is None:
-        raise ValueError("Polars storage without a FileIO cannot read the sources' footers")
-    else:
-        read = ((None, rows) for rows in _row_counts(storage.io, sources))
+    read = _source_reads(storage, sources, target, names, by_name, footer_bytes, uniform)
     positions = []
     for source, source_keys, (batch, rows) in zip(sources, wanted, read, strict=True):
         if rows != source.records:
             raise ValueError(f"{source.path} has {rows} rows but its manifest entry says {source.records}")
-        if not (source.deletes and rows):
-            mask = None
-        elif uniform is None:
-            mask = deletes.deleted(source, 0, rows, batch if source_keys else None)
-        else:
-            mask = deletes.deleted_by_position(source, 0, rows)
-            if source_keys:
-                mask = batch if mask is None else mask | batch
+        mask = _source_mask(deletes, source, bool(source_keys), batch, rows, uniform is not None)
         positions.append(_NONE if mask is None else np.flatnonzero(mask).astype(np.int64))
     deletes.rows_deleted += sum(len(p) for p in positions)
     return positions
+
+
+def _source_reads(
+    storage: PolarsStorage,
+    sources: Sequence,
+    target: pa.Schema,
+    names: list[str],
+    by_name: dict[str, str],
+    footer_bytes: int,
+    uniform: tuple | None,
+) -> Iterator[tuple[pa.RecordBatch | np.ndarray | None, int]]:
+    """Decides how the sources are read: a membership mask (uniform keys), key columns, or footers alone."""
+    if uniform is not None:  # the scan tests each row's key itself: a mask per source
+        name, keys, nulls = uniform
+        return _key_columns(storage, sources, [by_name[name]], target, [name], footer_bytes, (keys, nulls))
+    if names:
+        return _key_columns(storage, sources, [by_name[n] for n in names], target, names, footer_bytes)
+    if storage.io is None:
+        raise ValueError("Polars storage without a FileIO cannot read the sources' footers")
+    return ((None, rows) for rows in _row_counts(storage.io, sources))
+
+
+def _source_mask(
+    deletes: GroupDeletes,
+    source: Any,
+    has_keys: bool,
+    batch: pa.RecordBatch | np.ndarray | None,
+    rows: int,
+    uniform: bool,
+) -> np.ndarray | None:
+    """Decides a source's deleted-row mask (None: no row deleted) from its deletes and key read."""
+    if not (source.deletes and rows):
+        return None
+    if not uniform:
+        return deletes.deleted(source, 0, rows, batch if has_keys else None)
+    mask = deletes.deleted_by_position(source, 0, rows)
+    if has_keys:
+        mask = batch if mask is None else mask | batch
+    return mask
 
 
 def _key_columns(
@@ -105,29 +129,12 @@ def _key_columns(
     instead of the batch, a bool per row, whether its key is one of them (NULL matching NULL)."""
     import polars as pl
 
-    if member is not None:
-        keys = pl.Series(member[0], dtype=pl.Int64)
-        if member[1]:
-            keys = keys.extend(pl.Series([None], dtype=pl.Int64))
-        wanted = [pl.col(columns[0]).cast(pl.Int64).is_in(keys.implode(), nulls_equal=True).alias(names[0])]
-    else:
-        wanted = [pl.col(c) for c in columns]
-
+    wanted = _key_expressions(columns, names, member)
     variable = member is None and any(_variable_width(target.field(n).type) for n in names)
     start, ratio, previous = 0, None, 0  # ratio: the most decoded key bytes per source byte a window has held
     while start < len(sources):
-        if not variable:
-            budget = KEY_WINDOW_BYTES
-        elif ratio is None:
-            budget = 0
-        else:
-            budget = min(KEY_WINDOW_BYTES, KEY_WINDOW_DECODED / ratio, KEY_WINDOW_GROWTH * previous)
-        end, rows, size = start + 1, sources[start].records, sources[start].size
-        while (
-            end < len(sources) and rows + sources[end].records <= KEY_WINDOW_ROWS and size + sources[end].size <= budget
-        ):
-            rows, size = rows + sources[end].records, size + sources[end].size
-            end += 1
+        budget = _window_budget(variable, ratio, previous)
+        end, size = _window_end(sources, start, budget)
         window = sources[start:end]
         paths = [storage.path(s.path) for s in window]
         with footer_reads(footer_bytes):
@@ -147,28 +154,74 @@ def _key_columns(
             previous = size
             if read.estimated_size():
                 ratio = max(ratio or 0.0, read.estimated_size() / max(size, 1))
-        batch: pa.RecordBatch | np.ndarray  # a bool per row with `member`, else the key columns
-        if member is not None:
-            batch = read.get_column(names[0]).to_numpy()
-        else:
-            table = read.to_arrow()
-            arrays = [
-                table.column(c).cast(target.field(n).type).combine_chunks() for c, n in zip(columns, names, strict=True)
-            ]
-            batch = pa.RecordBatch.from_arrays(arrays, names=names)
+        batch = _key_batch(read, member is not None, target, columns, names)
         del read
-        counts = dict(zip(files, lengths, strict=True))
-        if len(counts) != len(files) or not set(counts) <= set(paths):
-            raise ValueError(
-                f"a key-column scan named files other than the group's: {sorted(set(counts) - set(paths))[:3]}"
-            )
-        offset = 0
-        for path in paths:
-            count = counts.get(path, 0)
-            piece = batch.slice(offset, count) if isinstance(batch, pa.RecordBatch) else batch[offset : offset + count]
-            yield piece, count
-            offset += count
+        counts = _file_counts(files, lengths, paths)
+        yield from _pieces(batch, paths, counts)
         start = end
+
+
+def _key_expressions(columns: list[str], names: list[str], member: tuple[np.ndarray, bool] | None) -> list:
+    """Decides what the key scan selects: the key columns, or with `member` one membership flag."""
+    import polars as pl
+
+    if member is not None:
+        keys = pl.Series(member[0], dtype=pl.Int64)
+        if member[1]:
+            keys = keys.extend(pl.Series([None], dtype=pl.Int64))
+        return [pl.col(columns[0]).cast(pl.Int64).is_in(keys.implode(), nulls_equal=True).alias(names[0])]
+    return [pl.col(c) for c in columns]
+
+
+def _window_budget(variable: bool, ratio: float | None, previous: int) -> float:
+    """Decides a window's source-byte budget: fixed for fixed-width keys, else from the decoded ratio seen."""
+    if not variable:
+        return KEY_WINDOW_BYTES
+    if ratio is None:
+        return 0
+    return min(KEY_WINDOW_BYTES, KEY_WINDOW_DECODED / ratio, KEY_WINDOW_GROWTH * previous)
+
+
+def _window_end(sources: Sequence, start: int, budget: float) -> tuple[int, int]:
+    """Decides where the window from `start` ends (at least one source) and its source bytes."""
+    end, rows, size = start + 1, sources[start].records, sources[start].size
+    while end < len(sources) and rows + sources[end].records <= KEY_WINDOW_ROWS and size + sources[end].size <= budget:
+        rows, size = rows + sources[end].records, size + sources[end].size
+        end += 1
+    return end, size
+
+
+def _key_batch(
+    read: pl.DataFrame, member: bool, target: pa.Schema, columns: list[str], names: list[str]
+) -> pa.RecordBatch | np.ndarray:
+    """Decides a window's result: a bool per row with `member`, else the key columns in `target`'s types."""
+    if member:
+        return read.get_column(names[0]).to_numpy()
+    table = read.to_arrow()
+    arrays = [table.column(c).cast(target.field(n).type).combine_chunks() for c, n in zip(columns, names, strict=True)]
+    return pa.RecordBatch.from_arrays(arrays, names=names)
+
+
+def _file_counts(files: list[str], lengths: list[int], paths: list[str]) -> dict[str, int]:
+    """Rows per file of a window's scan; raises if the scan named files other than the window's."""
+    counts = dict(zip(files, lengths, strict=True))
+    if len(counts) != len(files) or not set(counts) <= set(paths):
+        raise ValueError(
+            f"a key-column scan named files other than the group's: {sorted(set(counts) - set(paths))[:3]}"
+        )
+    return counts
+
+
+def _pieces(
+    batch: pa.RecordBatch | np.ndarray, paths: list[str], counts: dict[str, int]
+) -> Iterator[tuple[pa.RecordBatch | np.ndarray, int]]:
+    """Splits a window's result per file, in the window's order (a file of no rows gets an empty piece)."""
+    offset = 0
+    for path in paths:
+        count = counts.get(path, 0)
+        piece = batch.slice(offset, count) if isinstance(batch, pa.RecordBatch) else batch[offset : offset + count]
+        yield piece, count
+        offset += count
 
 
 def _variable_width(t: pa.DataType) -> bool:

@@ -31,6 +31,7 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -60,6 +61,9 @@ from compaction_assets.execution.polars_storage import (
 from compaction_assets.faults import crash_point
 from compaction_assets.lake.properties import int_property
 from compaction_assets.redact import redact
+
+if TYPE_CHECKING:
+    import polars as pl
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +102,17 @@ def polars_schema(target: pa.Schema) -> pa.Schema | None:
     return pa.schema(fields)
 
 
+_PRIMITIVES = (
+    pa.types.is_boolean,
+    pa.types.is_int32,
+    pa.types.is_int64,
+    pa.types.is_float32,
+    pa.types.is_float64,
+    pa.types.is_date32,
+    pa.types.is_decimal128,
+)
+
+
 def _polars_type(t: pa.DataType) -> pa.DataType | None:
     """The Arrow type Polars writes for `t`; None where Polars cannot write it with the same
     Parquet type and field ids (uuid, fixed, time, nanosecond or non-UTC timestamps)."""
@@ -107,6 +122,13 @@ def _polars_type(t: pa.DataType) -> pa.DataType | None:
         return pa.large_binary()
     if pa.types.is_timestamp(t):
         return t if t.unit == "us" and t.tz in (None, "UTC", "+00:00") else None
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_struct(t) or pa.types.is_map(t):
+        return _polars_nested_type(t)
+    return t if any(is_type(t) for is_type in _PRIMITIVES) else None
+
+
+def _polars_nested_type(t: pa.DataType) -> pa.DataType | None:
+    """Decides the Polars type of a list, struct or map: None if any child type has none."""
     if pa.types.is_list(t) or pa.types.is_large_list(t):
         child = _polars_type(t.value_type)
         return None if child is None else pa.large_list(t.value_field.with_type(child))
@@ -114,21 +136,10 @@ def _polars_type(t: pa.DataType) -> pa.DataType | None:
         children = [t.field(k) for k in range(t.num_fields)]
         types = [_polars_type(c.type) for c in children]
         return None if None in types else pa.struct([c.with_type(x) for c, x in zip(children, types, strict=True)])
-    if pa.types.is_map(t):
-        key, item = _polars_type(t.key_type), _polars_type(t.item_type)
-        if key is None or item is None:
-            return None
-        return pa.map_(t.key_field.with_type(key), t.item_field.with_type(item))
-    primitive = (
-        pa.types.is_boolean(t)
-        or pa.types.is_int32(t)
-        or pa.types.is_int64(t)
-        or pa.types.is_float32(t)
-        or pa.types.is_float64(t)
-        or pa.types.is_date32(t)
-        or pa.types.is_decimal128(t)
-    )
-    return t if primitive else None
+    key, item = _polars_type(t.key_type), _polars_type(t.item_type)
+    if key is None or item is None:
+        return None
+    return pa.map_(t.key_field.with_type(key), t.item_field.with_type(item))
 
 
 def qualifies(metadata: TableMetadata, io: FileIO, sources: list, sorted_output: bool) -> bool:
@@ -182,18 +193,7 @@ def rewrite_with_polars(
     20 typed columns and ran 2-3x slower than row groups of ~8 MiB (which the Arrow path writes too)."""
     import polars as pl
 
-    props = metadata.properties
-    codec = props.get(TableProperties.PARQUET_COMPRESSION, TableProperties.PARQUET_COMPRESSION_DEFAULT)
-    options = {
-        "compression": _CODECS[codec],
-        "compression_level": property_as_int(props, TableProperties.PARQUET_COMPRESSION_LEVEL),
-        "row_group_size": row_group_rows(metadata.properties, decoded_row_bytes(footer)),
-        "data_page_size": property_as_int(
-            props, TableProperties.PARQUET_PAGE_SIZE_BYTES, TableProperties.PARQUET_PAGE_SIZE_BYTES_DEFAULT
-        ),
-        "statistics": True,
-        "arrow_schema": target,
-    }
+    options = _write_options(metadata, target, footer)
     storage = storage_for(io, [s.path for s in sources])
     if storage is None:
         return None
@@ -207,18 +207,7 @@ def rewrite_with_polars(
             location = f"{name}-{k:05d}.parquet"
             dropped = _chunk_positions(chunk, gone)
             expected = sum(s.records for s in chunk) - (0 if dropped is None else len(dropped))
-            frame = pl.scan_parquet(
-                [storage.path(s.path) for s in chunk],
-                glob=False,
-                hive_partitioning=False,
-                missing_columns="raise",
-                extra_columns="raise",
-                storage_options=storage.options,
-                row_index_name=ROW_INDEX if dropped is not None else None,
-            )
-            if dropped is not None:  # the scan's row numbers across the chunk's files
-                kept = ~pl.col(ROW_INDEX).is_in(pl.Series(dropped, dtype=pl.get_index_type()).implode())
-                frame = frame.filter(kept).drop(ROW_INDEX)
+            frame = _scan_chunk(storage, chunk, dropped)
             # Polars checks a chunk's files against the chunk's first file only; the relabel below
             # is positional, and was validated on the group's first file (the first chunk's): a
             # later chunk of other columns (an older order, a dropped column) must not take it.
@@ -235,45 +224,105 @@ def rewrite_with_polars(
             physical = schema.names()
             if physical != target.names:
                 frame = frame.rename(dict(zip(physical, target.names, strict=True)))
-            output = storage.path(location)
-            if storage.local:  # a partition's first file: Polars makes no local folders
-                os.makedirs(os.path.dirname(output), exist_ok=True)
-            sizes = [s.size for s in chunk]
-            # small sources: one GET each; many local ones in flight, as many as their decoded size
-            # allows (object storage: not measured yet)
-            decoded = [max(s.size, int(s.records * row_bytes)) for s in chunk]
-            concurrency = scan_concurrency(decoded) if storage.local else contextlib.nullcontext()
-            with footer_reads(footer.serialized_size, sizes), concurrency:
-                frame.sink_parquet(output, storage_options=storage.options, **options)
+            _sink_chunk(frame, storage, location, chunk, footer, row_bytes, options)
             out_footer, size = _footer(io, storage, location)
             if out_footer.num_rows != expected:
                 raise ValueError(f"{location}: {out_footer.num_rows} rows, sources and deletes say {expected}")
-            stats = data_file_statistics_from_parquet_metadata(out_footer, statistics.plan, statistics.id_mapping)
-            data_file = DataFile.from_args(
-                content=DataFileContent.DATA,
-                file_path=location,
-                file_format=FileFormat.PARQUET,
-                partition=partition,
-                file_size_in_bytes=size,
-                sort_order_id=None,
-                equality_ids=None,
-                key_metadata=None,
-                **stats.to_serialized_dict(),
-            )
-            data_file.spec_id = spec_id
-            written.append(data_file)
+            written.append(_data_file(statistics, out_footer, location, partition, size, spec_id))
             crash_point("worker_mid_group")
     # any failure, a Polars panic too (no Exception: a user's unparsable POLARS_* value raises one):
     # clean up, let the per-file path decide
     except (Exception, pl.exceptions.PanicException) as exc:  # noqa: BLE001
         storage.register_secrets()  # a Polars error may quote its options; the log line must not
         log.warning("polars rewrite of %s fell back to the per-file path: %s", name, redact(str(exc).splitlines()[0]))
-        for location in opened:  # only what exists: pyarrow's S3 delete leaves a folder marker behind
-            with contextlib.suppress(OSError):
-                if io.new_input(location).exists():
-                    io.delete(location)
+        _delete_opened(io, opened)
         return None
     return written
+
+
+def _write_options(metadata: TableMetadata, target: pa.Schema, footer: pq.FileMetaData) -> dict:
+    """Decides Polars' sink_parquet options from the table's Parquet properties and the first footer."""
+    props = metadata.properties
+    codec = props.get(TableProperties.PARQUET_COMPRESSION, TableProperties.PARQUET_COMPRESSION_DEFAULT)
+    return {
+        "compression": _CODECS[codec],
+        "compression_level": property_as_int(props, TableProperties.PARQUET_COMPRESSION_LEVEL),
+        "row_group_size": row_group_rows(metadata.properties, decoded_row_bytes(footer)),
+        "data_page_size": property_as_int(
+            props, TableProperties.PARQUET_PAGE_SIZE_BYTES, TableProperties.PARQUET_PAGE_SIZE_BYTES_DEFAULT
+        ),
+        "statistics": True,
+        "arrow_schema": target,
+    }
+
+
+def _scan_chunk(storage: PolarsStorage, chunk: list, dropped: np.ndarray | None) -> pl.LazyFrame:
+    """Decides the lazy scan of a chunk's files, without the rows at `dropped` (scan row numbers)."""
+    import polars as pl
+
+    frame = pl.scan_parquet(
+        [storage.path(s.path) for s in chunk],
+        glob=False,
+        hive_partitioning=False,
+        missing_columns="raise",
+        extra_columns="raise",
+        storage_options=storage.options,
+        row_index_name=ROW_INDEX if dropped is not None else None,
+    )
+    if dropped is not None:  # the scan's row numbers across the chunk's files
+        kept = ~pl.col(ROW_INDEX).is_in(pl.Series(dropped, dtype=pl.get_index_type()).implode())
+        frame = frame.filter(kept).drop(ROW_INDEX)
+    return frame
+
+
+def _sink_chunk(
+    frame: pl.LazyFrame,
+    storage: PolarsStorage,
+    location: str,
+    chunk: list,
+    footer: pq.FileMetaData,
+    row_bytes: float,
+    options: dict,
+) -> None:
+    """Writes a chunk's frame to `location`, deciding its local folder and scan concurrency."""
+    output = storage.path(location)
+    if storage.local:  # a partition's first file: Polars makes no local folders
+        os.makedirs(os.path.dirname(output), exist_ok=True)
+    sizes = [s.size for s in chunk]
+    # small sources: one GET each; many local ones in flight, as many as their decoded size
+    # allows (object storage: not measured yet)
+    decoded = [max(s.size, int(s.records * row_bytes)) for s in chunk]
+    concurrency = scan_concurrency(decoded) if storage.local else contextlib.nullcontext()
+    with footer_reads(footer.serialized_size, sizes), concurrency:
+        frame.sink_parquet(output, storage_options=storage.options, **options)
+
+
+def _data_file(
+    statistics: Statistics, out_footer: pq.FileMetaData, location: str, partition: Record, size: int, spec_id: int
+) -> DataFile:
+    """Decides the DataFile entry of a written file from its footer's statistics."""
+    stats = data_file_statistics_from_parquet_metadata(out_footer, statistics.plan, statistics.id_mapping)
+    data_file = DataFile.from_args(
+        content=DataFileContent.DATA,
+        file_path=location,
+        file_format=FileFormat.PARQUET,
+        partition=partition,
+        file_size_in_bytes=size,
+        sort_order_id=None,
+        equality_ids=None,
+        key_metadata=None,
+        **stats.to_serialized_dict(),
+    )
+    data_file.spec_id = spec_id
+    return data_file
+
+
+def _delete_opened(io: FileIO, opened: list[str]) -> None:
+    """Deletes the files this path began writing, only those that exist."""
+    for location in opened:  # only what exists: pyarrow's S3 delete leaves a folder marker behind
+        with contextlib.suppress(OSError):
+            if io.new_input(location).exists():
+                io.delete(location)
 
 
 ROW_INDEX = "__compaction_row_index"  # not an Iceberg column name the group can have: names_are_ids

@@ -29,6 +29,7 @@ import time
 from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -48,6 +49,10 @@ from compaction_assets.execution.writers import PartitionedWriter, RollingWriter
 from compaction_assets.faults import crash_point
 from compaction_assets.lake.datafile_codec import datafile_from_json, datafile_to_json, decode_partition
 from compaction_assets.planning.policy import DEFAULT_SORT_MEMORY
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow.parquet as pq
 
 MiB = 1024 * 1024
 
@@ -251,31 +256,11 @@ def rewrite_group(job: RewriteJob, index: int) -> GroupOutcome:
     spec = job.groups[index]
     _reset_peak_rss()
     version = _table_version(job.metadata_json)
-    metadata = version.metadata
-    if spec.expire is not None:  # outputs keep the expire column's bounds whatever the metrics mode:
-        # without them the next plan could not tell what they hold, and would rewrite them again
-        column = metadata.schema().find_column_name(spec.expire.field_id)
-        metrics = {**metadata.properties, f"write.metadata.metrics.column.{column}": "full"}
-        metadata = metadata.model_copy(update={"properties": metrics})
+    metadata = _group_metadata(version.metadata, spec)
     io = load_file_io(job.io_properties, metadata.location)
     partition = decode_partition(spec.partition)
     lineage = job.row_lineage
-    writer: RollingWriter | PartitionedWriter
-    if spec.output_spec_id is None:
-        writer = RollingWriter(
-            io,
-            metadata,
-            partition,
-            spec,
-            job.target_file_size_bytes,
-            index,
-            file_schema=version.file_schema,
-            lineage=lineage,
-        )
-    else:
-        writer = PartitionedWriter(
-            io, metadata, spec, job.target_file_size_bytes, index, version.file_schema, lineage=lineage
-        )
+    writer = _group_writer(job, index, spec, version, metadata, io, partition)
     bytes_in = sum(s.size for s in spec.sources)
     try:
         deletes = GroupDeletes(io, metadata.schema(), metadata.name_mapping(), spec.sources, spec.deletes)
@@ -296,20 +281,7 @@ def rewrite_group(job: RewriteJob, index: int) -> GroupOutcome:
     expiry = _Expiry(spec.expire, writer.file_schema.find_field(spec.expire.field_id).name) if spec.expire else None
     sorter = ExternalSort(job.sort_spec, job.sort_budget_bytes) if spec.sort and job.sort_spec else None
     try:
-        batches = reader.batches()
-        if expiry is not None:
-            batches = expiry.filter(batches)
-        with (
-            contextlib.closing(sorter.sorted(batches) if sorter else batches) as batches,
-            WriteBehind(writer.write) if sorter else contextlib.nullcontext() as behind,
-        ):
-            write = behind.put if behind else writer.write
-            for batch in batches:
-                write(batch)
-                if reader.rows_read >= spec.sources[0].records:  # decoded, so deletes cannot skip it
-                    crash_point("worker_mid_group")
-            if behind:
-                behind.close()
+        _write_batches(spec, reader, writer, expiry, sorter)
         written = writer.close()
         expired = expiry.rows_expired if expiry else 0
         return GroupOutcome(
@@ -327,6 +299,67 @@ def rewrite_group(job: RewriteJob, index: int) -> GroupOutcome:
         writer.abort()
         error = worker_error(exc)
         return GroupOutcome(index, [], error, reader.rows_read, 0, peak_rss(), rows_deleted=deletes.rows_deleted)
+
+
+def _group_metadata(metadata: TableMetadata, spec: GroupSpec) -> TableMetadata:
+    """Decides the metadata a group writes with: with an expiration, full metrics on its column."""
+    if spec.expire is not None:  # outputs keep the expire column's bounds whatever the metrics mode:
+        # without them the next plan could not tell what they hold, and would rewrite them again
+        column = metadata.schema().find_column_name(spec.expire.field_id)
+        metrics = {**metadata.properties, f"write.metadata.metrics.column.{column}": "full"}
+        metadata = metadata.model_copy(update={"properties": metrics})
+    return metadata
+
+
+def _group_writer(
+    job: RewriteJob,
+    index: int,
+    spec: GroupSpec,
+    version: _TableVersion,
+    metadata: TableMetadata,
+    io: FileIO,
+    partition: Record,
+) -> RollingWriter | PartitionedWriter:
+    """Decides the group's writer: rolling in its own partition, or partitioned by its output spec."""
+    lineage = job.row_lineage
+    if spec.output_spec_id is None:
+        return RollingWriter(
+            io,
+            metadata,
+            partition,
+            spec,
+            job.target_file_size_bytes,
+            index,
+            file_schema=version.file_schema,
+            lineage=lineage,
+        )
+    return PartitionedWriter(
+        io, metadata, spec, job.target_file_size_bytes, index, version.file_schema, lineage=lineage
+    )
+
+
+def _write_batches(
+    spec: GroupSpec,
+    reader: SourceReader,
+    writer: RollingWriter | PartitionedWriter,
+    expiry: _Expiry | None,
+    sorter: ExternalSort | None,
+) -> None:
+    """Writes the group's rows on the per-file path: expired rows dropped, sorted if `sorter`."""
+    batches = reader.batches()
+    if expiry is not None:
+        batches = expiry.filter(batches)
+    with (
+        contextlib.closing(sorter.sorted(batches) if sorter else batches) as batches,
+        WriteBehind(writer.write) if sorter else contextlib.nullcontext() as behind,
+    ):
+        write = behind.put if behind else writer.write
+        for batch in batches:
+            write(batch)
+            if reader.rows_read >= spec.sources[0].records:  # decoded, so deletes cannot skip it
+                crash_point("worker_mid_group")
+        if behind:
+            behind.close()
 
 
 class _Expiry:
@@ -361,10 +394,8 @@ def _rewrite_with_polars(
 ) -> list[DataFile] | None:
     """The group through Polars if the driver found it fit (see polars_rewrite), its delete files
     applied (polars_deletes); None: use the per-file path (`deletes` then counts from zero again)."""
-    if not spec.polars or spec.sort or spec.expire or spec.output_spec_id is not None:
-        return None
-    if not isinstance(writer, RollingWriter):  # never: a PartitionedWriter has an output_spec_id
-        return None
+    if not _polars_fit(spec) or not isinstance(writer, RollingWriter):
+        return None  # isinstance never fails: a PartitionedWriter has an output_spec_id
     try:
         footer = polars_rewrite.read_footer(io, spec.sources[0].path)
         physical = footer.schema.to_arrow_schema()
@@ -376,18 +407,8 @@ def _rewrite_with_polars(
         return None
     deleted = None
     if any(s.deletes for s in spec.sources):
-        if polars_rewrite.ROW_INDEX in physical.names or polars_deletes.FILE_COLUMN in physical.names:
-            return None
-        try:
-            storage = polars_storage.storage_for(io, [s.path for s in spec.sources])
-            if storage is None:
-                return None
-            deleted = polars_deletes.deleted_positions(
-                deletes, storage, spec.sources, target, physical.names, footer.serialized_size
-            )
-        except Exception as exc:  # noqa: BLE001 - a bad delete file: the per-file path fails the group, naming it
-            polars_rewrite.log.warning("polars rewrite of %s fell back to the per-file path: %s", writer.name, exc)
-            deletes.rows_deleted = 0
+        fits, deleted = _polars_deleted(spec, io, deletes, writer, target, physical, footer)
+        if not fits:
             return None
     written = polars_rewrite.rewrite_with_polars(
         io,
@@ -405,6 +426,37 @@ def _rewrite_with_polars(
     if written is None:
         deletes.rows_deleted = 0
     return written
+
+
+def _polars_fit(spec: GroupSpec) -> bool:
+    """Decides whether the driver's choice of Polars stands: no sort, expiry or repartitioning."""
+    return not (not spec.polars or spec.sort or spec.expire or spec.output_spec_id is not None)
+
+
+def _polars_deleted(
+    spec: GroupSpec,
+    io: FileIO,
+    deletes: GroupDeletes,
+    writer: RollingWriter,
+    target: pa.Schema,
+    physical: pa.Schema,
+    footer: pq.FileMetaData,
+) -> tuple[bool, list[np.ndarray] | None]:
+    """Decides the deleted positions per source for the Polars path; (False, None): use the per-file path."""
+    if polars_rewrite.ROW_INDEX in physical.names or polars_deletes.FILE_COLUMN in physical.names:
+        return False, None
+    try:
+        storage = polars_storage.storage_for(io, [s.path for s in spec.sources])
+        if storage is None:
+            return False, None
+        deleted = polars_deletes.deleted_positions(
+            deletes, storage, spec.sources, target, physical.names, footer.serialized_size
+        )
+    except Exception as exc:  # noqa: BLE001 - a bad delete file: the per-file path fails the group, naming it
+        polars_rewrite.log.warning("polars rewrite of %s fell back to the per-file path: %s", writer.name, exc)
+        deletes.rows_deleted = 0
+        return False, None
+    return True, deleted
 
 
 def release_memory() -> None:
