@@ -26,18 +26,15 @@ from pyiceberg.types import IntegerType, LongType, NestedField, StringType
 from compaction_assets.errors import InputFileError
 from compaction_assets.execution import delete_tiers
 from compaction_assets.execution.delete_tiers import (
-    TIER_RESULT_ARROW_SCHEMA,
     Tier,
     TierJob,
     TierOutcome,
     TierRun,
     convert_equality_deletes,
-    outcome_from_row,
     rewrite_position_deletes,
-    run_tier_rows,
-    run_tiers,
 )
 from compaction_assets.execution.dispatch import arrow_batches
+from compaction_assets.execution.tier_tasks import TIER_RESULT_ARROW_SCHEMA, outcome_from_row, run_tier_rows, run_tiers
 from compaction_assets.lake import delete_files
 from compaction_assets.lake.deletes import referenced_data_file
 from compaction_assets.lake.files import LiveFile, live_files

@@ -8,9 +8,8 @@ from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.manifest import ManifestEntry, ManifestEntryStatus, ManifestFile, write_manifest
 from pyiceberg.table import Table
 
-from compaction_assets.commit.rewrite_producer import restated
 from compaction_assets.lake.datafile_codec import datafile_to_json
-from compaction_assets.lake.manifest_io import read_manifest, write_restated
+from compaction_assets.lake.manifest_io import read_manifest, restated, write_restated
 from tests.conftest import BY_REGION, SCHEMA, batch
 
 NEW_SNAPSHOT = 7_000_000_000_000_000_001

@@ -330,3 +330,19 @@ def dangling(
             if d.data_file.content == DataFileContent.EQUALITY_DELETES
         )
     return [d for d in candidates if d.path not in applying]
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """One attempt's part of a commit: files replaced, files added (data or delete files), the base
+    it was planned on, and the data files it covered (see uncovered)."""
+
+    base_snapshot_id: int | None
+    data_sequence_number: int | None  # the base's; None in a format-version-1 table (no sequence numbers)
+    replaced: list[DataFile]
+    added: list[DataFile]
+    covered: list[str] | None = None
+
+    @property
+    def replaced_data(self) -> list[DataFile]:
+        return [f for f in self.replaced if f.content == DataFileContent.DATA]

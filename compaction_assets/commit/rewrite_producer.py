@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from pyiceberg.exceptions import ValidationException
@@ -45,6 +44,7 @@ from pyiceberg.utils.concurrent import ExecutorFactory
 from pyiceberg.utils.properties import property_as_bool
 
 from compaction_assets.commit.conflicts import (
+    Rewrite,
     Sequenced,
     base_history,
     dangling,
@@ -71,27 +71,11 @@ from compaction_assets.lake.format_v3 import (
     with_first_row_ids,
 )
 from compaction_assets.lake.manifest_cache import manifest_contents
-from compaction_assets.lake.manifest_io import ManifestContents, partition_schema, write_restated
+from compaction_assets.lake.manifest_io import ManifestContents, partition_schema, restated, write_restated
 from compaction_assets.lake.properties import int_property
 from compaction_assets.lake.v3_fields import MANIFEST_FIRST_ROW_ID, MIN_LINEAGE_VERSION, v3_field
 
 _UNREAD = ManifestContents((), None, ())
-
-
-@dataclass(frozen=True)
-class Rewrite:
-    """One attempt's part of a commit: files replaced, files added (data or delete files), the base
-    it was planned on, and the data files it covered (see uncovered)."""
-
-    base_snapshot_id: int | None
-    data_sequence_number: int | None  # the base's; None in a format-version-1 table (no sequence numbers)
-    replaced: list[DataFile]
-    added: list[DataFile]
-    covered: list[str] | None = None
-
-    @property
-    def replaced_data(self) -> list[DataFile]:
-        return [f for f in self.replaced if f.content == DataFileContent.DATA]
 
 
 class RewriteFiles(OverwriteProducer):
@@ -513,14 +497,3 @@ def _value_predicate(name: str, value: Any) -> BooleanExpression:
         # pyiceberg binds EqualTo(±inf) on a float (32-bit) field as beyond the type's range: AlwaysFalse
         return AlwaysTrue()
     return EqualTo(term=Reference(name), value=value)
-
-
-def restated(entry: ManifestEntry, status: ManifestEntryStatus, snapshot_id: int | None) -> ManifestEntry:
-    """A new entry for `entry`'s file with another status (cached entries are never mutated)."""
-    return ManifestEntry.from_args(
-        status=status,
-        snapshot_id=snapshot_id,
-        sequence_number=entry.sequence_number,
-        file_sequence_number=entry.file_sequence_number,
-        data_file=entry.data_file,
-    )

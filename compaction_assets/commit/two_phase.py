@@ -45,9 +45,9 @@ from pyiceberg.table.snapshots import (
 )
 from pyiceberg.typedef import KeyDefaultDict
 
-from compaction_assets.commit.conflicts import base_history, conflict, deletes_added_since
+from compaction_assets.commit.conflicts import Rewrite, base_history, conflict, deletes_added_since
 from compaction_assets.commit.ledger import Attempt, Ledger, StaleAttempt, Status
-from compaction_assets.commit.rewrite_producer import Rewrite, RewriteFiles
+from compaction_assets.commit.rewrite_producer import RewriteFiles
 from compaction_assets.errors import BackOff
 from compaction_assets.faults import crash_point
 from compaction_assets.gc_pause import gc_paused

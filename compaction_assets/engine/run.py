@@ -20,9 +20,10 @@ from compaction_assets.engine.begin import Task, Work, abandon_attempt, begin
 from compaction_assets.engine.outcomes import PartitionOutcome, begun_outcome, describe_phases, first_line, settle
 from compaction_assets.engine.table_plan import TablePlan
 from compaction_assets.errors import CompactionError
-from compaction_assets.execution.delete_tiers import TierOutcome, TierRun, run_tiers
+from compaction_assets.execution.delete_tiers import TierOutcome, TierRun
 from compaction_assets.execution.job import SORTED_KINDS, task_seconds
 from compaction_assets.execution.rewrite import run_rewrite
+from compaction_assets.execution.tier_tasks import run_tiers
 from compaction_assets.execution.worker import GroupOutcome, RewriteJob
 from compaction_assets.faults import crash_point
 from compaction_assets.lake.clustering import Clustering

@@ -27,9 +27,8 @@ data rows, never per-row Python): memory is the delete keys plus one chunk of da
 
 from __future__ import annotations
 
-import functools
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
@@ -38,21 +37,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pyiceberg.io import FileIO, load_file_io
+from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.manifest import DataFile
 from pyiceberg.schema import Schema
-from pyiceberg.table.metadata import TableMetadata, TableMetadataUtil
+from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.typedef import Record
 
-from compaction_assets.errors import InputFileError, worker_error
-from compaction_assets.execution import durable
-from compaction_assets.execution.dispatch import collect_rows
+from compaction_assets.errors import InputFileError
 from compaction_assets.execution.source_reader import projected_batches
-from compaction_assets.execution.worker import _reset_peak_rss, peak_rss
 from compaction_assets.lake.datafile_codec import (
-    datafile_from_json,
-    datafile_to_json,
     decode_partition,
     encode_partition,
 )
@@ -60,8 +54,6 @@ from compaction_assets.lake.delete_files import FILE_PATH_ID, POS_ID, PositionDe
 from compaction_assets.lake.deletes import applies
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-
     from compaction_assets.lake.files import LiveFile
 
 CHUNK_ROWS = 1 << 20  # data-file key rows joined against the delete keys at once (at least the key count)
@@ -458,73 +450,3 @@ def _position_rows(io: FileIO, delete: TierFile) -> Iterator[tuple[pa.Array, pa.
         raise InputFileError(
             f"position delete file {delete.path} has {read} rows but its manifest entry says {delete.records}"
         )
-
-
-_TIERS = {
-    Tier.CONVERT_EQUALITY_DELETES: convert_equality_deletes,
-    Tier.REWRITE_POSITION_DELETES: rewrite_position_deletes,
-}
-
-
-def run_tier_job(run: TierRun, index: int) -> TierOutcome:
-    """Run job `index` of `run`; any failure is reported as data (its files already deleted)."""
-    job = run.jobs[index]
-    _reset_peak_rss()
-    try:
-        metadata = TableMetadataUtil.parse_raw(run.metadata_json)
-        io = load_file_io(run.io_properties, metadata.location)
-        outcome = _TIERS[Tier(job.tier)](metadata, io, job, run.target_file_size_bytes, index)
-    except Exception as exc:  # reported to the driver, which fails the attempt with this message
-        error = worker_error(exc)
-        return TierOutcome(index, job.tier, [], [], 0, 0, error=error, peak_rss=peak_rss())
-    outcome.peak_rss = peak_rss()
-    return outcome
-
-
-TIER_RESULT_ARROW_SCHEMA = pa.schema(
-    [
-        ("job", pa.int32()),
-        ("tier", pa.string()),
-        ("delete_files", pa.string()),
-        ("covered_data_files", pa.string()),
-        ("rows_read", pa.int64()),
-        ("rows_written", pa.int64()),
-        ("rows_dropped", pa.int64()),
-        ("bytes_read", pa.int64()),
-        ("peak_rss", pa.int64()),
-        ("error", pa.string()),
-    ]
-)
-
-
-def run_tier_rows(run_json: str, indices: Iterable[int]) -> Iterator[dict]:
-    """The Spark task function (execution/dispatch): one result row (TIER_RESULT_ARROW_SCHEMA) per job index."""
-    run = TierRun.from_json(run_json)
-    with durable.TaskOutputs(run.io_properties) as outputs:  # the driver commits only once they are on disk
-        for index in indices:
-            outcome = run_tier_job(run, index)
-            outputs.add([f.file_path for f in outcome.delete_files])
-            yield {
-                **vars(outcome),
-                "tier": str(outcome.tier),
-                "delete_files": json.dumps([datafile_to_json(f) for f in outcome.delete_files]),
-                "covered_data_files": json.dumps(outcome.covered_data_files),
-            }
-
-
-def outcome_from_row(row: dict) -> TierOutcome:
-    return TierOutcome(
-        **{
-            **row,
-            "delete_files": [datafile_from_json(d) for d in json.loads(row["delete_files"])],
-            "covered_data_files": json.loads(row["covered_data_files"]),
-        }
-    )
-
-
-def run_tiers(spark: SparkSession, run: TierRun) -> list[TierOutcome]:
-    """Run every job of `run` on Spark, one task each; outcomes come back in job order."""
-    if not run.jobs:
-        return []
-    rows = collect_rows(spark, len(run.jobs), functools.partial(run_tier_rows, run.to_json()), TIER_RESULT_ARROW_SCHEMA)
-    return sorted((outcome_from_row(r) for r in rows), key=lambda o: o.job)

@@ -296,3 +296,14 @@ def _leading_bytes(status: int, snapshot_id: int | None, sequence: int | None, f
             encoder.write_int(1)
             encoder.write_int(value)
     return out.getvalue()
+
+
+def restated(entry: ManifestEntry, status: ManifestEntryStatus, snapshot_id: int | None) -> ManifestEntry:
+    """A new entry for `entry`'s file with another status (cached entries are never mutated)."""
+    return ManifestEntry.from_args(
+        status=status,
+        snapshot_id=snapshot_id,
+        sequence_number=entry.sequence_number,
+        file_sequence_number=entry.file_sequence_number,
+        data_file=entry.data_file,
+    )
