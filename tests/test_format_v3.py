@@ -20,7 +20,7 @@ from compaction_assets.commit.ledger import Status
 from compaction_assets.config import load_config
 from compaction_assets.defs.build import build_definitions
 from compaction_assets.defs.resources import CompactionResource
-from compaction_assets.engine import TablePlan
+from compaction_assets.engine import TablePlan, begin
 from compaction_assets.errors import InputFileError
 from compaction_assets.execution.deletes import DV_MAGIC, _read_deletion_vector
 from compaction_assets.execution.lineage import LAST_UPDATED_FIELD_ID, ROW_ID_FIELD_ID
@@ -184,8 +184,15 @@ def test_a_failure_after_attempts_began_abandons_them(lake, monkeypatch):
 
     monkeypatch.setattr("compaction_assets.execution.job.slim_metadata_json", unserialisable)
     with pytest.raises(NotImplementedError):
-        engine._begin(
-            load_table(engine.catalog, "ns.t"), "ns.t", tplan, files, tplan.to_compact, (None, len(tplan.to_compact))
+        begin.begin(
+            engine.ledger,
+            engine.config,
+            load_table(engine.catalog, "ns.t"),
+            "ns.t",
+            tplan,
+            files,
+            tplan.to_compact,
+            (None, len(tplan.to_compact)),
         )
 
     attempts = engine.ledger.attempts()

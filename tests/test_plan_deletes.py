@@ -16,7 +16,8 @@ from pyiceberg.typedef import Record
 
 from compaction_assets.cli import main
 from compaction_assets.commit.ledger import Status
-from compaction_assets.engine import _Work
+from compaction_assets.engine import begin, run
+from compaction_assets.engine.begin import Work
 from compaction_assets.execution.worker import GroupOutcome, RewriteJob
 from compaction_assets.lake.delete_files import commit_delete_files, equality_delete_file, position_delete_file
 from compaction_assets.lake.files import live_files
@@ -38,14 +39,16 @@ def region_files(table, region: str) -> list[DataFile]:
     return sorted(data, key=lambda f: f.file_path)
 
 
-def build_job(lake: Lake, name: str) -> tuple[RewriteJob, list[_Work]]:
+def build_job(lake: Lake, name: str) -> tuple[RewriteJob, list[Work]]:
     """The rewrite job Engine.compact would hand to Spark (its attempts begun in the ledger)."""
     engine = lake.engine
     table = lake.table(name)
     tplan, files = engine._plan(table, name, None)
-    work: list[_Work] = []
+    work: list[Work] = []
     todo = [p for p in tplan.to_compact if not p.is_tier]
-    return engine._build_job(table, name, tplan, files, todo, (None, len(todo)), work, []), work
+    return begin.build_job(
+        engine.ledger, engine.config, table, name, tplan, files, todo, (None, len(todo)), work, []
+    ), work
 
 
 def group_of(job: RewriteJob, path: str):
@@ -262,8 +265,11 @@ def test_prepare_checks_rows_read_and_rows_written_against_the_deletes(lake, row
     [group] = job.groups
     assert sum(s.records for s in group.sources) == item.attempt.rows_in == 300
 
-    outcome = lake.engine._prepare(
-        lake.table("ns.t"), item, [GroupOutcome(0, [], None, rows_read, 0, rows_deleted=rows_deleted)]
+    outcome = run.prepare(
+        lake.table("ns.t"),
+        lake.engine.ledger,
+        item,
+        [GroupOutcome(0, [], None, rows_read, 0, rows_deleted=rows_deleted)],
     )
 
     assert (outcome.status, outcome.reason) == ("failed", reason)

@@ -18,7 +18,7 @@ from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType
 
-from compaction_assets.engine import Engine
+from compaction_assets.engine import Engine, begin
 from compaction_assets.execution import source_reader
 from compaction_assets.execution.polars_storage import (
     FOOTER_READ_VARIABLE,
@@ -44,7 +44,9 @@ def _job(engine: Engine, table_name: str) -> RewriteJob:
     """The rewrite job the engine would send to Spark for `table_name` (attempts begun in the ledger)."""
     table = load_table(engine.catalog, table_name)
     tplan, files = engine._plan(table, table_name, None)
-    _, job, _, _, _ = engine._begin(table, table_name, tplan, files, tplan.to_compact, (None, len(tplan.to_compact)))
+    _, job, _, _, _ = begin.begin(
+        engine.ledger, engine.config, table, table_name, tplan, files, tplan.to_compact, (None, len(tplan.to_compact))
+    )
     return RewriteJob.from_json(job.to_json())
 
 

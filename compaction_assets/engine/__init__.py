@@ -13,10 +13,9 @@ The modules, in the order a compaction runs through them:
 - outcomes.py: `PartitionOutcome`, the reasons it gives, `describe_phases`.
 """
 
-from compaction_assets.engine.begin import Work as _Work
 from compaction_assets.engine.facade import Engine
 from compaction_assets.engine.outcomes import PartitionOutcome, describe_phases
 from compaction_assets.engine.table_plan import TablePlan
 from compaction_assets.execution.job import SORTED_KINDS
 
-__all__ = ["SORTED_KINDS", "Engine", "PartitionOutcome", "TablePlan", "_Work", "describe_phases"]
+__all__ = ["SORTED_KINDS", "Engine", "PartitionOutcome", "TablePlan", "describe_phases"]

@@ -17,19 +17,16 @@ from compaction_assets.commit.ledger import OPEN, Attempt, Ledger
 from compaction_assets.commit.manifest_rewrite import ManifestRewriteReport, rewrite_manifests
 from compaction_assets.commit.recovery import RecoveryReport, describe_holder, recover
 from compaction_assets.config import CompactionConfig
-from compaction_assets.engine import begin, run
-from compaction_assets.engine.begin import Task, Work
+from compaction_assets.engine import run
 from compaction_assets.engine.outcomes import PartitionOutcome, skipped
 from compaction_assets.engine.table_plan import TablePlan, plan_loaded_table
 from compaction_assets.errors import CompactionError
-from compaction_assets.execution.delete_tiers import TierRun
 from compaction_assets.execution.spark import spark_session
-from compaction_assets.execution.worker import GroupOutcome, RewriteJob
 from compaction_assets.gc_pause import gc_paused
 from compaction_assets.lake.catalog import load_table, open_catalog
 from compaction_assets.lake.files import LiveFile
 from compaction_assets.maintenance.gc import GcPolicy, GcReport, collect_garbage
-from compaction_assets.planning.model import Kind, PartitionPlan
+from compaction_assets.planning.model import Kind
 from compaction_assets.planning.policy import ENABLED_PROPERTY, Policy, resolve_policy
 
 log = logging.getLogger("compaction_assets")
@@ -196,35 +193,3 @@ class Engine:
     ) -> tuple[TablePlan, dict[str, LiveFile]]:
         policy = self.policy(table, table_name)
         return plan_loaded_table(table, table_name, policy, self.ledger, self._clock, partition, only)
-
-    # The steps of a compaction run, for the tests that take one apart (engine/begin.py, engine/run.py).
-
-    def _begin(
-        self,
-        table: Table,
-        table_name: str,
-        tplan: TablePlan,
-        files: dict[str, LiveFile],
-        todo: list[PartitionPlan],
-        task: Task,
-    ) -> tuple[list[Work], RewriteJob, list[Work], TierRun, list[PartitionOutcome]]:
-        """Begin one attempt per partition and build the rewrite job and the tier run (begin.begin)."""
-        return begin.begin(self.ledger, self.config, table, table_name, tplan, files, todo, task)
-
-    def _build_job(
-        self,
-        table: Table,
-        table_name: str,
-        tplan: TablePlan,
-        files: dict[str, LiveFile],
-        todo: list[PartitionPlan],
-        task: Task,
-        work: list[Work],
-        held: list[PartitionOutcome],
-    ) -> RewriteJob:
-        """Begin the data rewrites' attempts into `work` and return their job (begin.build_job)."""
-        return begin.build_job(self.ledger, self.config, table, table_name, tplan, files, todo, task, work, held)
-
-    def _prepare(self, table: Table, item: Work, results: list[GroupOutcome]) -> PartitionOutcome:
-        """Precommit one partition from its groups' results (run.prepare)."""
-        return run.prepare(table, self.ledger, item, results)
