@@ -4,6 +4,7 @@ changed in pyproject.toml without the lock regenerated fails here, naming it."""
 
 from __future__ import annotations
 
+import functools
 import tomllib
 from pathlib import Path
 
@@ -17,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 
 
+@functools.cache  # one read of the lock for every parametrized case
 def _locked() -> dict[str, Version]:
     pins = {}
     for line in (ROOT / "requirements.lock").read_text().splitlines():
